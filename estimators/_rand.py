@@ -1,0 +1,85 @@
+"""Counter-based randomness shared by every randomizer kernel.
+
+A uniform draw is a pure function of ``(key, a, b)``: ``unit(key, a, b)``. Two uses:
+
+* **Memoization (PRR)**: with ``key`` = the device's secret memo key and ``a`` = the memoized
+  input (a value, a hash value or a bucket), the permanent randomized response is a
+  deterministic function of state that survives restarts: the same input always gives the
+  same memoized output, and a restored key reproduces every memoized output exactly.
+* **Fresh randomness (IRR, single-shot)**: with ``key`` = a per-batch seed drawn from the
+  caller's ``numpy.random.Generator`` and ``a`` = the row index.
+
+The mixer is SplitMix64's finalizer (Steele, Lea & Flood 2014). Each numba kernel has a
+plain-numpy reference in this module's ``np_*`` twins; tests check they agree bit for bit.
+"""
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+
+GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+_TWO53 = 1.0 / 9007199254740992.0  # 2**-53
+
+
+@nb.njit(inline="always", cache=True)
+def mix64(z: np.uint64) -> np.uint64:
+    """SplitMix64 finalizer: a bijective avalanche mix of a 64-bit word."""
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+@nb.njit(inline="always", cache=True)
+def word(key: np.uint64, a: np.uint64, b: np.uint64) -> np.uint64:
+    """64 pseudo-random bits addressed by ``(key, a, b)``."""
+    h = mix64(key + np.uint64(a) * np.uint64(0x9E3779B97F4A7C15))
+    return mix64(h ^ (np.uint64(b) * np.uint64(0xD1B54A32D192ED03) + np.uint64(0x8CB92BA72F3D8DD7)))
+
+
+@nb.njit(inline="always", cache=True)
+def unit(key: np.uint64, a: np.uint64, b: np.uint64) -> float:
+    """Uniform double in [0, 1) with 53 random bits, addressed by ``(key, a, b)``."""
+    return float(word(key, a, b) >> np.uint64(11)) * 1.1102230246251565e-16
+
+
+@nb.njit(inline="always", cache=True)
+def other_than(x: np.int64, m: np.int64, u: float) -> np.int64:
+    """A value uniform over ``[0, m) \\ {x}`` from one uniform ``u``."""
+    o = np.int64(u * (m - 1))
+    if o >= x:
+        o += 1
+    return o
+
+
+# ---------------------------------------------------------------- numpy references
+def np_mix64(z: np.ndarray) -> np.ndarray:
+    z = np.asarray(z, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        z = (z ^ (z >> np.uint64(30))) * _M1
+        z = (z ^ (z >> np.uint64(27))) * _M2
+    return z ^ (z >> np.uint64(31))
+
+
+def np_word(key, a, b) -> np.ndarray:
+    key = np.asarray(key, dtype=np.uint64)
+    a = np.asarray(a, dtype=np.uint64)
+    b = np.asarray(b, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        h = np_mix64(key + a * GOLDEN)
+        return np_mix64(h ^ (b * np.uint64(0xD1B54A32D192ED03) + np.uint64(0x8CB92BA72F3D8DD7)))
+
+
+def np_unit(key, a, b) -> np.ndarray:
+    return (np_word(key, a, b) >> np.uint64(11)).astype(np.float64) * _TWO53
+
+
+def np_other_than(x: np.ndarray, m: int, u: np.ndarray) -> np.ndarray:
+    o = (u * (m - 1)).astype(np.int64)
+    return o + (o >= x)
+
+
+def draw_seed(rng: np.random.Generator) -> np.uint64:
+    """A fresh 64-bit batch seed from the caller's generator."""
+    return np.uint64(rng.integers(0, 2**63, dtype=np.int64)) ^ (np.uint64(rng.integers(0, 2**63, dtype=np.int64)) << np.uint64(1))

@@ -1,0 +1,111 @@
+"""Direct encoding: GRR (seed 000 §2.2.1) and its memoized chain L-GRR (seed 000 §4.2)."""
+from __future__ import annotations
+
+from typing import ClassVar
+
+import numpy as np
+
+from . import kernels
+from ._rand import draw_seed
+from .base import PureProtocol, check_domain, check_eps
+from .errors import InvalidReports
+from .longitudinal import Rounds, TwoRoundProtocol, grr_chain_eps_first, grr_chain_p2, grr_eps
+from .memo import MemoState
+
+_NO_KEYS = np.zeros(0, dtype=np.uint64)
+_NO_SEEN = np.zeros((0, 0), dtype=np.uint8)
+
+
+def grr_probabilities(eps: float, m: int) -> tuple[float, float]:
+    """GRR over ``m`` values: ``p = e^ε / (e^ε + m - 1)``, ``q = 1 / (e^ε + m - 1)``."""
+    d = np.exp(eps) + m - 1
+    return float(np.exp(eps) / d), float(1.0 / d)
+
+
+def _int_dtype(k: int) -> np.dtype:
+    return np.dtype(np.uint8 if k <= 1 << 8 else np.uint16 if k <= 1 << 16 else np.uint32)
+
+
+class _DirectReports:
+    """Reports are the randomized values themselves: support is a histogram."""
+
+    k: int
+
+    @property
+    def report_dtype(self) -> np.dtype:
+        return _int_dtype(self.k)
+
+    def validate_reports(self, reports: np.ndarray) -> None:
+        if reports.size and int(reports.max()) >= self.k:
+            raise InvalidReports(f"report value {int(reports.max())} is outside [0, {self.k})")
+
+    def support(self, reports: np.ndarray) -> np.ndarray:
+        r = np.asarray(reports)
+        if r.ndim != 1:
+            raise InvalidReports(f"{self.name} reports must be 1-d, got shape {r.shape}")  # type: ignore[attr-defined]
+        if r.size and (int(r.min()) < 0 or int(r.max()) >= self.k):
+            raise InvalidReports(f"report values must lie in [0, {self.k})")
+        return kernels.bincount(r, self.k)
+
+    def audit_event(self, reports: np.ndarray, v1: int, v2: int) -> np.ndarray:
+        return np.asarray(reports) == v1
+
+
+class GRR(_DirectReports, PureProtocol):
+    """Generalized randomized response (k-RR): keep the value w.p. p, else a uniform other."""
+
+    name: ClassVar[str] = "GRR"
+
+    def __init__(self, k: int, eps: float) -> None:
+        self.k = check_domain(k)
+        self.eps = check_eps("eps", eps)
+        self.p, self.q = grr_probabilities(self.eps, self.k)
+
+    def params(self) -> dict:
+        return {"protocol": self.name, "k": self.k, "eps": self.eps}
+
+    @property
+    def ps(self) -> float:
+        return self.p
+
+    @property
+    def qs(self) -> float:
+        return self.q
+
+    @property
+    def eps_first(self) -> float:
+        return grr_eps(self.p, self.q)
+
+    def randomize(self, values, rng, state=None):
+        v = self.check_values(values)
+        self._state_for(state, v.shape[0])
+        out = kernels.grr_chain_randomize(v, _NO_KEYS, False, _NO_SEEN, draw_seed(rng), self.p, 1.0, self.k)
+        return out.astype(self.report_dtype)
+
+
+class LGRR(_DirectReports, TwoRoundProtocol):
+    """Longitudinal GRR: GRR(ε∞) memoized, then GRR re-randomization per report (seed 000 §4.2)."""
+
+    name: ClassVar[str] = "L-GRR"
+
+    def __init__(self, k: int, eps_inf: float, eps_1: float, calibration="exact") -> None:
+        TwoRoundProtocol.__init__(self, check_domain(k), eps_inf, eps_1, calibration)
+
+    def _solve_rounds(self) -> Rounds:
+        p1, q1 = grr_probabilities(self.requested_eps_inf, self.k)
+        p2 = grr_chain_p2(p1, q1, self.k, self.requested_eps_1, self.requested_eps_inf, self.calibration, self.name)
+        return Rounds(p1, q1, p2, (1 - p2) / (self.k - 1))
+
+    @property
+    def eps_inf(self) -> float:
+        return grr_eps(self.p1, self.q1)
+
+    @property
+    def eps_first(self) -> float:
+        return grr_chain_eps_first(self.rounds, self.k)
+
+    def randomize(self, values, rng, state: MemoState | None = None):
+        v = self.check_values(values)
+        st = self._memo(state, v.shape[0])
+        out = kernels.grr_chain_randomize(v, st.keys, True, st.seen, draw_seed(rng), self.p1, self.p2, self.k)
+        return out.astype(self.report_dtype)

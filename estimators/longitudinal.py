@@ -1,0 +1,207 @@
+"""The two-round memoization framework (RAPPOR's PRR then IRR; seed 000 §4, seed 001 §2.4).
+
+Every longitudinal protocol of the project is this one mechanism with different
+``(p1, q1, p2, q2)`` and a different encoding of the memoized input:
+
+* PRR (permanent randomized response): the device's input ``x`` (its value, its hash value or
+  its bucket) is randomized once with ``(p1, q1)`` and the result memoized forever; ε∞ is the
+  ε of this round alone.
+* IRR (instantaneous randomized response): every report re-randomizes the memoized output
+  with ``(p2, q2)``; ε1 is the ε of one report through both rounds.
+
+The server sees ``ps = p1 p2 + (1 - p1) q2`` and ``qs = q1 p2 + (1 - q1) q2`` (seed 000 Eq. 9)
+and estimates with :class:`~estimators.base.PureProtocol`.
+
+Calibration of ``p2`` from ``(ε∞, ε1)``:
+
+* ``"exact"`` (default) solves for the ``p2`` whose *true* worst-case single-report likelihood
+  ratio is ``e^ε1``. For a GRR chain over ``m`` values that ratio is ``ps / qs``.
+* ``"paper"`` reproduces the seeds: seed 000 Eq. 12/13 (L-GRR) and seed 001 Thm. 3.4 (LOLOHA)
+  set ``(p1 p2 + q1 q2) / (p1 q2 + q1 p2) = e^ε1``, which is the true ratio only for ``m = 2``.
+  For UE chains Eq. 14 is already exact, so both calibrations coincide.
+
+Whatever the calibration, ``eps_first`` and ``eps_inf`` are recomputed from the parameters in use.
+"""
+from __future__ import annotations
+
+from abc import abstractmethod
+from dataclasses import dataclass
+from typing import Callable, ClassVar, Literal
+
+import numpy as np
+from scipy.optimize import brentq
+
+from .base import PureProtocol, check_eps
+from .errors import InfeasibleParameters, LDPError
+from .memo import MemoState
+
+Calibration = Literal["exact", "paper"]
+CALIBRATIONS = ("exact", "paper")
+
+
+@dataclass(frozen=True)
+class Rounds:
+    """Probabilities of the two rounds; ``q1s`` is the support-side ``q1`` (1/g for hashing)."""
+
+    p1: float
+    q1: float
+    p2: float
+    q2: float
+    q1s: float | None = None
+
+    @property
+    def ps(self) -> float:
+        return self.p1 * self.p2 + (1.0 - self.p1) * self.q2
+
+    @property
+    def qs(self) -> float:
+        q1 = self.q1 if self.q1s is None else self.q1s
+        return q1 * self.p2 + (1.0 - q1) * self.q2
+
+
+# ---------------------------------------------------------------- ε of a round or a chain
+def grr_eps(p: float, q: float) -> float:
+    """ε of GRR with ``P(keep) = p`` and ``P(each other) = q``: ln(p/q)."""
+    return float(np.log(p / q))
+
+
+def ue_eps(p: float, q: float) -> float:
+    """ε of UE with bit probabilities ``p`` (hot) and ``q`` (cold): ln(p(1-q) / ((1-p)q)) (Eq. 14)."""
+    return float(np.log(p * (1.0 - q) / ((1.0 - p) * q)))
+
+
+def grr_chain_eps_first(r: Rounds, m: int) -> float:
+    """True ε1 of a GRR chain over ``m`` values: the worst ratio ``ps / qs_grr``.
+
+    With ``q_s = q1 p2 + (1 - q1) q2`` the probability of reporting ``y`` when ``y`` is not the
+    input; for ``m = 2`` it equals seed 000 Eq. 12.
+    """
+    ps = r.p1 * r.p2 + (1 - r.p1) * r.q2
+    qs = r.q1 * r.p2 + (1 - r.q1) * r.q2
+    return grr_eps(ps, qs)
+
+
+def grr_chain_eps_paper(r: Rounds) -> float:
+    """Seed 000 Eq. 12 / seed 001 Thm. 3.4: ln((p1 p2 + q1 q2) / (p1 q2 + q1 p2))."""
+    return float(np.log((r.p1 * r.p2 + r.q1 * r.q2) / (r.p1 * r.q2 + r.q1 * r.p2)))
+
+
+def ue_chain_eps_first(r: Rounds) -> float:
+    """True ε1 of a UE chain: Eq. 14 with ``ps``, ``qs`` of the two rounds."""
+    return ue_eps(r.ps, r.qs)
+
+
+# ---------------------------------------------------------------- solvers
+def _solve(name: str, eps_of: Callable[[float], float], lo: float, hi: float, eps1: float, eps_inf: float) -> float:
+    """Root of ``eps_of(θ) = eps1`` for θ in (lo, hi), ``eps_of`` increasing from 0."""
+    if eps1 >= eps_inf:
+        raise InfeasibleParameters(f"{name}: ε1 = {eps1:g} must be smaller than ε∞ = {eps_inf:g}")
+    top = eps_of(hi)
+    if not eps1 < top:
+        raise InfeasibleParameters(
+            f"{name} cannot reach ε1 = {eps1:g} with ε∞ = {eps_inf:g}: its IRR round caps a "
+            f"single report at ε1 < {top:.6g} ({top / eps_inf:.3f} ε∞)")
+    return float(brentq(lambda t: eps_of(t) - eps1, lo, hi, xtol=1e-15, rtol=4 * np.finfo(float).eps, maxiter=500))
+
+
+def grr_chain_p2(p1: float, q1: float, m: int, eps1: float, eps_inf: float,
+                 calibration: Calibration, name: str) -> float:
+    """``p2`` of a GRR IRR round over ``m`` values (``q2 = (1 - p2)/(m - 1)``).
+
+    ``"paper"`` uses the closed forms of seed 000 Eq. 13 (equivalently seed 001's ε_IRR);
+    ``"exact"`` solves ``ps / qs = e^ε1`` (affine in ``p2``, so in closed form too).
+    """
+    if eps1 >= eps_inf:
+        raise InfeasibleParameters(f"{name}: ε1 = {eps1:g} must be smaller than ε∞ = {eps_inf:g}")
+    e = np.exp(eps1)
+    a = 1.0 / (m - 1)
+    if calibration == "paper":
+        # (p1 p2 + q1 q2) = e (p1 q2 + q1 p2), q2 = a (1 - p2)
+        num = e * p1 * a - q1 * a
+        den = p1 - q1 * a - e * q1 + e * p1 * a
+    elif calibration == "exact":
+        # p1 p2 + (1 - p1) q2 = e (q1 p2 + (1 - q1) q2)
+        num = e * (1 - q1) * a - (1 - p1) * a
+        den = p1 - (1 - p1) * a - e * q1 + e * (1 - q1) * a
+    else:
+        raise LDPError(f"calibration must be one of {CALIBRATIONS}, got {calibration!r}")
+    p2 = float(num / den)
+    if not (1.0 / m < p2 <= 1.0):
+        raise InfeasibleParameters(f"{name}: no IRR probability gives ε1 = {eps1:g} with ε∞ = {eps_inf:g}, m = {m}")
+    return p2
+
+
+def sue_irr(p1: float, q1: float, eps1: float, eps_inf: float, name: str) -> tuple[float, float]:
+    """Symmetric IRR (``q2 = 1 - p2``) meeting ε1 through Eq. 14 (seed 000 Eq. 15 for L-OSUE)."""
+    p2 = _solve(name, lambda p: ue_chain_eps_first(Rounds(p1, q1, p, 1 - p)), 0.5, 1.0 - 1e-15, eps1, eps_inf)
+    return p2, 1.0 - p2
+
+
+def oue_irr(p1: float, q1: float, eps1: float, eps_inf: float, name: str) -> tuple[float, float]:
+    """OUE-shaped IRR (``p2 = 1/2``) meeting ε1 through Eq. 14; infeasible above a cap (≈0.6-0.9 ε∞)."""
+    q2 = _solve(name, lambda t: ue_chain_eps_first(Rounds(p1, q1, 0.5, 0.5 - t)), 0.0, 0.5 - 1e-15, eps1, eps_inf)
+    return 0.5, 0.5 - q2
+
+
+# ---------------------------------------------------------------- the framework
+class TwoRoundProtocol(PureProtocol):
+    """Base of every memoizing protocol: PRR memoized per device, IRR per report."""
+
+    longitudinal: ClassVar[bool] = True
+
+    def __init__(self, k: int, eps_inf: float, eps_1: float, calibration: Calibration = "exact") -> None:
+        if calibration not in CALIBRATIONS:
+            raise LDPError(f"calibration must be one of {CALIBRATIONS}, got {calibration!r}")
+        self.k = k
+        self.requested_eps_inf = check_eps("eps_inf", eps_inf)
+        self.requested_eps_1 = check_eps("eps_1", eps_1)
+        self.calibration: Calibration = calibration
+        self.rounds = self._solve_rounds()
+
+    @abstractmethod
+    def _solve_rounds(self) -> Rounds:
+        """``(p1, q1, p2, q2)`` from the requested ``(ε∞, ε1)`` and the calibration."""
+
+    def params(self) -> dict:
+        return {"protocol": self.name, "k": self.k, "eps_inf": self.requested_eps_inf,
+                "eps_1": self.requested_eps_1, "calibration": self.calibration}
+
+    @property
+    def ps(self) -> float:
+        return self.rounds.ps
+
+    @property
+    def qs(self) -> float:
+        return self.rounds.qs
+
+    @property
+    def p1(self) -> float:
+        return self.rounds.p1
+
+    @property
+    def q1(self) -> float:
+        return self.rounds.q1
+
+    @property
+    def p2(self) -> float:
+        return self.rounds.p2
+
+    @property
+    def q2(self) -> float:
+        return self.rounds.q2
+
+    @property
+    def memo_size(self) -> int:
+        return self.k
+
+    def longitudinal_loss(self, memoized: np.ndarray | int) -> np.ndarray | float:
+        """ε on a device's values after memoizing ``memoized`` distinct inputs (seed 001 Eq. 8).
+
+        Each memoized input leaks one ε∞ (sequential composition, Prop. 2.3), at most
+        ``memo_size`` of them; a single memoized input seen once leaks ε1.
+        """
+        m = np.minimum(np.asarray(memoized), self.memo_size)
+        return m * self.eps_inf
+
+    def _memo(self, state: MemoState | None, n: int) -> MemoState:
+        return self._state_for(state, n)

@@ -1,0 +1,128 @@
+"""Per-device memoization state (the device side of the two-round framework).
+
+A device's memo state is a secret 64-bit key plus the set of inputs it has memoized.
+The permanent randomized response (PRR) of input ``x`` is ``PRR(key, x)``, a deterministic
+function computed by the protocol's kernel from counter-based randomness
+(:mod:`estimators._rand`), so the same true value (or hash value, or bucket) yields the same
+memoized output forever, and a restored key reproduces all of them. The ``seen`` bitset
+records which inputs have been memoized: it drives the longitudinal privacy accounting
+(seed 001 Eq. 8: each newly memoized input leaks a fresh ε∞).
+
+State files are written atomically (temporary file, fsync, rename) so a crash mid-write
+never leaves a device with a truncated or half-new state: losing memo state would make the
+device re-randomize memoized values, which is exactly the averaging attack memoization
+exists to prevent.
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+import secrets
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .errors import InvalidState
+
+_FORMAT = "ldp-stream/memo-state"
+_VERSION = 1
+
+
+@dataclass
+class MemoState:
+    """Memo state of ``n_devices`` devices for one protocol.
+
+    Attributes:
+        fingerprint: fingerprint of the protocol parameters the state belongs to.
+        keys: ``uint64 (n_devices,)`` secret memo keys.
+        seen: ``uint8 (n_devices, ceil(memo_size/8))`` packed bitset (little bit order) of
+            memoized inputs.
+        memo_size: number of distinct memoizable inputs (k, g or b).
+    """
+
+    fingerprint: str
+    keys: np.ndarray
+    seen: np.ndarray
+    memo_size: int
+
+    @classmethod
+    def fresh(cls, fingerprint: str, n_devices: int, memo_size: int,
+              rng: np.random.Generator | None = None) -> "MemoState":
+        """New devices with keys from ``rng`` (tests) or the OS CSPRNG (default)."""
+        if n_devices < 0:
+            raise InvalidState(f"n_devices must be >= 0, got {n_devices}")
+        if rng is None:
+            raw = secrets.token_bytes(8 * n_devices)
+            keys = np.frombuffer(raw, dtype=np.uint64).copy()
+        else:
+            keys = rng.integers(0, np.iinfo(np.uint64).max, size=n_devices, dtype=np.uint64, endpoint=True)
+        seen = np.zeros((n_devices, (memo_size + 7) // 8), dtype=np.uint8)
+        return cls(fingerprint, keys, seen, memo_size)
+
+    @property
+    def n_devices(self) -> int:
+        return int(self.keys.shape[0])
+
+    def memoized_count(self) -> np.ndarray:
+        """Number of distinct memoized inputs per device, ``int64 (n_devices,)``."""
+        return np.unpackbits(self.seen, axis=1, bitorder="little")[:, : self.memo_size].sum(axis=1, dtype=np.int64)
+
+    def subset(self, rows: np.ndarray | slice) -> "MemoState":
+        """A view of some devices (writes to ``seen`` go through to this state)."""
+        return MemoState(self.fingerprint, self.keys[rows], self.seen[rows], self.memo_size)
+
+    def check(self, fingerprint: str, n_rows: int) -> None:
+        """Raise :class:`InvalidState` unless this state fits a protocol and a batch."""
+        if self.fingerprint != fingerprint:
+            raise InvalidState("memo state belongs to another protocol configuration "
+                               f"(state {self.fingerprint}, protocol {fingerprint})")
+        if n_rows != self.n_devices:
+            raise InvalidState(f"batch has {n_rows} values but the state holds {self.n_devices} devices")
+
+    # ------------------------------------------------------------------ persistence
+    def save(self, path: str | os.PathLike) -> None:
+        """Write atomically: a reader sees the old file or the new one, never a mix."""
+        path = Path(path)
+        header = json.dumps({"format": _FORMAT, "version": _VERSION, "fingerprint": self.fingerprint,
+                             "n_devices": self.n_devices, "memo_size": self.memo_size}).encode()
+        buf = io.BytesIO()
+        np.savez(buf, header=np.frombuffer(header, dtype=np.uint8), keys=self.keys, seen=self.seen)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(buf.getvalue())
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+            dir_fd = os.open(path.parent, os.O_DIRECTORY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, fingerprint: str | None = None) -> "MemoState":
+        """Read a state saved by :meth:`save`; optionally require a protocol fingerprint."""
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                header = json.loads(z["header"].tobytes().decode())
+                keys, seen = z["keys"].copy(), z["seen"].copy()
+        except (OSError, ValueError, KeyError) as exc:
+            raise InvalidState(f"cannot read memo state {path}: {exc}") from exc
+        if header.get("format") != _FORMAT or header.get("version") != _VERSION:
+            raise InvalidState(f"{path} is not a version-{_VERSION} memo state file")
+        n, m = header["n_devices"], header["memo_size"]
+        if keys.dtype != np.uint64 or keys.shape != (n,) or seen.shape != (n, (m + 7) // 8):
+            raise InvalidState(f"{path}: arrays do not match the header")
+        state = cls(header["fingerprint"], keys, seen, m)
+        if fingerprint is not None and state.fingerprint != fingerprint:
+            raise InvalidState(f"{path} belongs to protocol {state.fingerprint}, not {fingerprint}")
+        return state

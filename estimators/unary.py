@@ -1,0 +1,160 @@
+"""Unary encoding: SUE (basic one-time RAPPOR), OUE (seed 000 §2.2.2) and the four
+memoized chains L-OUE, L-SUE (basic RAPPOR), L-OSUE and L-SOUE (seed 000 §4.3)."""
+from __future__ import annotations
+
+from typing import ClassVar
+
+import numpy as np
+
+from . import kernels
+from ._rand import draw_seed
+from .base import PureProtocol, check_domain, check_eps
+from .errors import InvalidReports, LDPError
+from .longitudinal import Rounds, TwoRoundProtocol, oue_irr, sue_irr, ue_chain_eps_first, ue_eps
+from .memo import MemoState
+
+_NO_KEYS = np.zeros(0, dtype=np.uint64)
+_NO_SEEN = np.zeros((0, 0), dtype=np.uint8)
+
+
+def sue_probabilities(eps: float) -> tuple[float, float]:
+    """SUE: ``p = e^{ε/2} / (e^{ε/2} + 1)``, ``q = 1 - p`` (seed 000 Eq. 5)."""
+    h = np.exp(eps / 2)
+    return float(h / (h + 1)), float(1 / (h + 1))
+
+
+def oue_probabilities(eps: float) -> tuple[float, float]:
+    """OUE: ``p = 1/2``, ``q = 1 / (e^ε + 1)`` (seed 000 Eq. 6)."""
+    return 0.5, float(1 / (np.exp(eps) + 1))
+
+
+class _UnaryReports:
+    """Reports are k-bit vectors packed little-endian into ``uint8 (n, ceil(k/8))``."""
+
+    k: int
+
+    @property
+    def report_dtype(self) -> np.dtype:
+        return np.dtype(np.uint8)
+
+    @property
+    def report_shape(self) -> tuple[int, ...]:
+        return ((self.k + 7) // 8,)
+
+    def validate_reports(self, reports: np.ndarray) -> None:
+        pad = (-self.k) % 8
+        if pad and reports.size and (reports[:, -1] >> np.uint8(8 - pad)).any():
+            raise InvalidReports(f"report sets bits beyond the domain size {self.k}")
+
+    def support(self, reports: np.ndarray) -> np.ndarray:
+        r = np.asarray(reports)
+        if r.dtype != np.uint8 or r.ndim != 2 or r.shape[1] != self.report_shape[0]:
+            raise InvalidReports(f"{self.name} reports must be uint8 (n, {self.report_shape[0]}), "  # type: ignore[attr-defined]
+                                 f"got {r.dtype} {r.shape}")
+        self.validate_reports(r)
+        return kernels.packed_bit_counts(np.ascontiguousarray(r), self.k)
+
+    def audit_event(self, reports: np.ndarray, v1: int, v2: int) -> np.ndarray:
+        r = np.asarray(reports)
+        b1 = (r[:, v1 >> 3] >> np.uint8(v1 & 7)) & 1
+        b2 = (r[:, v2 >> 3] >> np.uint8(v2 & 7)) & 1
+        return (b1 == 1) & (b2 == 0)
+
+
+class UnaryEncoding(_UnaryReports, PureProtocol):
+    """Single-shot unary encoding with bit probabilities ``(p, q)``."""
+
+    def __init__(self, k: int, eps: float) -> None:
+        self.k = check_domain(k)
+        self.eps = check_eps("eps", eps)
+        self.p, self.q = self._probabilities(self.eps)
+
+    @staticmethod
+    def _probabilities(eps: float) -> tuple[float, float]:
+        raise NotImplementedError
+
+    def params(self) -> dict:
+        return {"protocol": self.name, "k": self.k, "eps": self.eps}
+
+    @property
+    def ps(self) -> float:
+        return self.p
+
+    @property
+    def qs(self) -> float:
+        return self.q
+
+    @property
+    def eps_first(self) -> float:
+        return ue_eps(self.p, self.q)
+
+    def randomize(self, values, rng, state=None):
+        v = self.check_values(values)
+        self._state_for(state, v.shape[0])
+        return kernels.ue_chain_randomize(v, _NO_KEYS, False, _NO_SEEN, draw_seed(rng),
+                                          self.p, self.q, 1.0, 0.0, self.k)
+
+
+class SUE(UnaryEncoding):
+    name: ClassVar[str] = "SUE"
+    _probabilities = staticmethod(sue_probabilities)
+
+
+class OUE(UnaryEncoding):
+    name: ClassVar[str] = "OUE"
+    _probabilities = staticmethod(oue_probabilities)
+
+
+class LongitudinalUE(_UnaryReports, TwoRoundProtocol):
+    """A memoized UE chain; ``prr`` and ``irr`` name the round shapes ("OUE" or "SUE")."""
+
+    prr: ClassVar[str]
+    irr: ClassVar[str]
+
+    def __init__(self, k: int, eps_inf: float, eps_1: float, calibration="exact") -> None:
+        TwoRoundProtocol.__init__(self, check_domain(k), eps_inf, eps_1, calibration)
+
+    def _solve_rounds(self) -> Rounds:
+        first = {"OUE": oue_probabilities, "SUE": sue_probabilities}[self.prr]
+        p1, q1 = first(self.requested_eps_inf)
+        second = {"OUE": oue_irr, "SUE": sue_irr}[self.irr]
+        p2, q2 = second(p1, q1, self.requested_eps_1, self.requested_eps_inf, self.name)
+        return Rounds(p1, q1, p2, q2)
+
+    @property
+    def eps_inf(self) -> float:
+        return ue_eps(self.p1, self.q1)
+
+    @property
+    def eps_first(self) -> float:
+        return ue_chain_eps_first(self.rounds)
+
+    def randomize(self, values, rng, state: MemoState | None = None):
+        v = self.check_values(values)
+        st = self._memo(state, v.shape[0])
+        return kernels.ue_chain_randomize(v, st.keys, True, st.seen, draw_seed(rng),
+                                          self.p1, self.q1, self.p2, self.q2, self.k)
+
+
+class LOUE(LongitudinalUE):
+    """OUE then OUE (L-OUE)."""
+    name: ClassVar[str] = "L-OUE"
+    prr, irr = "OUE", "OUE"
+
+
+class LSUE(LongitudinalUE):
+    """SUE then SUE: basic RAPPOR (L-SUE)."""
+    name: ClassVar[str] = "L-SUE"
+    prr, irr = "SUE", "SUE"
+
+
+class LOSUE(LongitudinalUE):
+    """OUE then SUE (L-OSUE, the optimized chain of seed 000)."""
+    name: ClassVar[str] = "L-OSUE"
+    prr, irr = "OUE", "SUE"
+
+
+class LSOUE(LongitudinalUE):
+    """SUE then OUE (L-SOUE)."""
+    name: ClassVar[str] = "L-SOUE"
+    prr, irr = "SUE", "OUE"
