@@ -8,14 +8,18 @@
 """
 from __future__ import annotations
 
-from . import adaptive, direct, unary
+from . import adaptive, bitflip, direct, hadamard, hashing, histogram, subset, unary
 from .base import FrequencyProtocol, PureProtocol
 from .errors import InfeasibleParameters, InvalidReports, InvalidState, LDPError
 from .memo import MemoState
 from .registry import from_params, make, protocols, register
 
 for _cls in (direct.GRR, unary.SUE, unary.OUE, adaptive.ADP,
-             direct.LGRR, unary.LSUE, unary.LOUE, unary.LOSUE, unary.LSOUE, adaptive.LADP):
+             direct.LGRR, unary.LSUE, unary.LOUE, unary.LOSUE, unary.LSOUE, adaptive.LADP,
+             hadamard.HR, hadamard.FHR,
+             hashing.BLH, hashing.OLH, hashing.LOLOHA,
+             bitflip.DBitFlipPM,
+             subset.SS, histogram.SHE, histogram.THE):
     register(_cls)
 
 PROTOCOLS: tuple[str, ...] = protocols()

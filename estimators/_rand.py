@@ -83,3 +83,51 @@ def np_other_than(x: np.ndarray, m: int, u: np.ndarray) -> np.ndarray:
 def draw_seed(rng: np.random.Generator) -> np.uint64:
     """A fresh 64-bit batch seed from the caller's generator."""
     return np.uint64(rng.integers(0, 2**63, dtype=np.int64)) ^ (np.uint64(rng.integers(0, 2**63, dtype=np.int64)) << np.uint64(1))
+
+
+# ---------------------------------------------------------------- per-row bit streams
+# Protocols that need one uniform per domain element (UE, THE, ...) draw them from a stream
+# addressed by ``(key, a, domain)``: word ``w`` of the stream is ``mix64(base + w * GOLDEN)``
+# with ``base = word(key, a, domain)`` (SplitMix64's own sequence, Steele et al. 2014). It is
+# still a pure function of ``(key, a)`` (so memoization and kernel/reference agreement hold),
+# its words are independent of each other (so the loop vectorizes), and each word yields two
+# 32-bit uniforms. Probabilities compared against 32-bit uniforms are quantized to multiples of
+# 2^-32 by :func:`quantize32`; protocols use the quantized values everywhere (estimator,
+# variance, ε), so the figures describe exactly what is sampled.
+SCALE32 = float(1 << 32)
+LO32 = np.uint64(0xFFFFFFFF)
+
+
+def quantize32(p: float) -> float:
+    """``p`` rounded to the 2^-32 grid on which 32-bit stream uniforms are compared."""
+    return round(p * SCALE32) / SCALE32
+
+
+def threshold32(p: float) -> np.uint64:
+    """Integer threshold ``T`` with ``P(u32 < T) = quantize32(p)``."""
+    return np.uint64(round(p * SCALE32))
+
+
+@nb.njit(inline="always", cache=True)
+def stream_word(base: np.uint64, w: int) -> np.uint64:
+    """Word ``w`` of the stream starting at ``base``."""
+    return mix64(base + np.uint64(w) * np.uint64(0x9E3779B97F4A7C15))
+
+
+@nb.njit(inline="always", cache=True)
+def stream_fill32(base: np.uint64, buf: np.ndarray, count: int) -> None:
+    """The first ``count`` 32-bit uniforms of a stream into ``buf`` (uint64 array)."""
+    for w in range((count + 1) // 2):
+        z = stream_word(base, w)
+        buf[2 * w] = z & np.uint64(0xFFFFFFFF)
+        buf[2 * w + 1] = z >> np.uint64(32)
+
+
+def np_stream_uniforms32(base, count: int) -> np.ndarray:
+    """Reference: the first ``count`` 32-bit uniforms of each stream, ``(len(base), count)``."""
+    base = np.asarray(base, dtype=np.uint64)[..., None]
+    w = np.arange((count + 1) // 2, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        z = np_mix64(base + w * GOLDEN)
+    out = np.stack([z & LO32, z >> np.uint64(32)], axis=-1).reshape(z.shape[:-1] + (-1,))
+    return out[..., :count]

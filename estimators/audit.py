@@ -42,6 +42,7 @@ from .errors import LDPError
 ProgressCallback = Callable[[int, int], None]
 
 DEFAULT_CHUNK = 200_000
+CHUNK_BYTES = 64 << 20  # memory budget of one chunk's reports + memo state (SHE at k = 1024: 8 KiB a report)
 _SLACK = 1e-9  # float slack of ``passed``: ε computed in float64 vs a bound that can meet it exactly
 
 
@@ -170,13 +171,22 @@ def _check_input(proto: FrequencyProtocol, v: int, name: str) -> int:
     return int(v)
 
 
+def _bytes_per_trial(proto: FrequencyProtocol) -> int:
+    """Bytes of one report plus one device's memo state (keys and ``seen`` bitset)."""
+    report = np.dtype(proto.report_dtype).itemsize * int(np.prod(proto.report_shape, dtype=np.int64))
+    memo = 8 + (proto.memo_size + 7) // 8 if proto.memo_size else 0
+    return max(1, report + memo)
+
+
 def audit(proto: FrequencyProtocol, v1: int = 0, v2: int = 1, trials: int = 1_000_000, seed: int = 0,
           confidence: float = 0.95, on_progress: ProgressCallback | None = None,
           chunk: int = DEFAULT_CHUNK) -> AuditResult:
     """Audit ``proto``'s single-report ε with ``trials`` reports of ``v1`` and ``trials`` of ``v2``.
 
-    Memoizing protocols get a new device (fresh memo key) per trial. ``on_progress(done, total)``
-    is called after every chunk with the number of reports drawn so far out of ``2 * trials``.
+    Memoizing protocols get a new device (fresh memo key) per trial. Reports are drawn in chunks
+    of at most ``chunk`` rows, fewer when one chunk of reports and memo state would exceed
+    :data:`CHUNK_BYTES`. ``on_progress(done, total)`` is called after every chunk with the number
+    of reports drawn so far out of ``2 * trials``.
     """
     v1 = _check_input(proto, v1, "v1")
     v2 = _check_input(proto, v2, "v2")
@@ -190,6 +200,7 @@ def audit(proto: FrequencyProtocol, v1: int = 0, v2: int = 1, trials: int = 1_00
     confidence = _check_confidence(confidence)
 
     memoizing = proto.memo_size > 0
+    chunk = min(chunk, max(1024, CHUNK_BYTES // _bytes_per_trial(proto)))
     total, done = 2 * trials, 0
     hits = []
     for ss in np.random.SeedSequence(seed).spawn(2):  # one independent stream per input

@@ -7,7 +7,7 @@ from typing import ClassVar
 import numpy as np
 
 from . import kernels
-from ._rand import draw_seed
+from ._rand import draw_seed, quantize32, threshold32
 from .base import PureProtocol, check_domain, check_eps
 from .errors import InvalidReports, LDPError
 from .longitudinal import Rounds, TwoRoundProtocol, oue_irr, sue_irr, ue_chain_eps_first, ue_eps
@@ -18,14 +18,17 @@ _NO_SEEN = np.zeros((0, 0), dtype=np.uint8)
 
 
 def sue_probabilities(eps: float) -> tuple[float, float]:
-    """SUE: ``p = e^{ε/2} / (e^{ε/2} + 1)``, ``q = 1 - p`` (seed 000 Eq. 5)."""
+    """SUE: ``p = e^{ε/2} / (e^{ε/2} + 1)``, ``q = 1 - p`` (seed 000 Eq. 5), on the 2^-32 grid."""
     h = np.exp(eps / 2)
-    return float(h / (h + 1)), float(1 / (h + 1))
+    return quantize32(h / (h + 1)), quantize32(1 / (h + 1))
 
 
 def oue_probabilities(eps: float) -> tuple[float, float]:
-    """OUE: ``p = 1/2``, ``q = 1 / (e^ε + 1)`` (seed 000 Eq. 6)."""
-    return 0.5, float(1 / (np.exp(eps) + 1))
+    """OUE: ``p = 1/2``, ``q = 1 / (e^ε + 1)`` (seed 000 Eq. 6), on the 2^-32 grid."""
+    return 0.5, quantize32(1 / (np.exp(eps) + 1))
+
+
+_SINGLE_ROUND = (np.uint64(1 << 32), np.uint64(0))
 
 
 class _UnaryReports:
@@ -92,7 +95,7 @@ class UnaryEncoding(_UnaryReports, PureProtocol):
         v = self.check_values(values)
         self._state_for(state, v.shape[0])
         return kernels.ue_chain_randomize(v, _NO_KEYS, False, _NO_SEEN, draw_seed(rng),
-                                          self.p, self.q, 1.0, 0.0, self.k)
+                                          threshold32(self.p), threshold32(self.q), *_SINGLE_ROUND, self.k)
 
 
 class SUE(UnaryEncoding):
@@ -119,7 +122,7 @@ class LongitudinalUE(_UnaryReports, TwoRoundProtocol):
         p1, q1 = first(self.requested_eps_inf)
         second = {"OUE": oue_irr, "SUE": sue_irr}[self.irr]
         p2, q2 = second(p1, q1, self.requested_eps_1, self.requested_eps_inf, self.name)
-        return Rounds(p1, q1, p2, q2)
+        return Rounds(p1, q1, quantize32(p2), quantize32(q2))
 
     @property
     def eps_inf(self) -> float:
@@ -133,7 +136,7 @@ class LongitudinalUE(_UnaryReports, TwoRoundProtocol):
         v = self.check_values(values)
         st = self._memo(state, v.shape[0])
         return kernels.ue_chain_randomize(v, st.keys, True, st.seen, draw_seed(rng),
-                                          self.p1, self.q1, self.p2, self.q2, self.k)
+                                          *(threshold32(p) for p in (self.p1, self.q1, self.p2, self.q2)), self.k)
 
 
 class LOUE(LongitudinalUE):

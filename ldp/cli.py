@@ -1,0 +1,255 @@
+"""The ``ldp`` command: ``ldp demo``, ``ldp protocols``, ``ldp audit``, ``ldp bench protocols``."""
+from __future__ import annotations
+
+import time
+from typing import Annotated, Optional
+
+import numpy as np
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+import estimators
+from estimators.errors import LDPError
+
+from .options import build
+
+app = typer.Typer(help="ldp-stream: telemetry under local differential privacy.", no_args_is_help=True,
+                  pretty_exceptions_show_locals=False, add_completion=False)
+bench_app = typer.Typer(help="Benchmarks that print ratios measured side by side in one run.", no_args_is_help=True)
+app.add_typer(bench_app, name="bench")
+console = Console()
+
+K = Annotated[int, typer.Option("--k", "-k", help="Domain size.")]
+EPS = Annotated[float, typer.Option(help="ε of single-shot protocols.")]
+EPS_INF = Annotated[float, typer.Option("--eps-inf", help="ε∞ of longitudinal protocols (one memoized value).")]
+EPS_1 = Annotated[float, typer.Option("--eps-1", help="ε1 of longitudinal protocols (one report).")]
+SEED = Annotated[int, typer.Option(help="Seed of every random draw (runs are reproducible).")]
+CAL = Annotated[str, typer.Option(help="p2 calibration of L-GRR and LOLOHA: exact or paper.")]
+
+
+def progress() -> Progress:
+    return Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TimeElapsedColumn(), TimeRemainingColumn(), console=console, transient=False)
+
+
+def _fail(exc: Exception) -> None:
+    console.print(f"[red]error:[/red] {exc}")
+    raise typer.Exit(2)
+
+
+@app.command()
+def protocols(k: K = 100, eps: EPS = 1.0, eps_inf: EPS_INF = 2.0, eps_1: EPS_1 = 1.0,
+              n: Annotated[int, typer.Option(help="Reports for Var*.")] = 10_000) -> None:
+    """List every protocol with its privacy figures and approximate variance."""
+    t = Table(title=f"protocols at k={k}, ε={eps}, ε∞={eps_inf}, ε1={eps_1}, Var* at n={n}")
+    for col in ("protocol", "parameters", "ε1 (true)", "ε∞ (true)", "worst-case ε", "Var*"):
+        t.add_column(col, justify="right" if col not in ("protocol", "parameters") else "left")
+    for name in estimators.PROTOCOLS:
+        try:
+            p = build(name, k=k, eps=eps, eps_inf=eps_inf, eps_1=eps_1)
+        except LDPError as exc:
+            t.add_row(name, f"[yellow]{exc}[/yellow]", "", "", "", "")
+            continue
+        extra = {a: v for a, v in p.params().items() if a not in ("protocol", "k")}
+        t.add_row(name, " ".join(f"{a}={v}" for a, v in extra.items()), f"{p.eps_first:.4f}", f"{p.eps_inf:.4f}",
+                  f"{p.worst_case_loss:.4g}", f"{p.variance(n):.3e}")
+    console.print(t)
+
+
+@app.command()
+def demo(n: Annotated[int, typer.Option(help="Devices in the simulated fleet.")] = 100_000,
+         k: K = 50, steps: Annotated[int, typer.Option(help="Time steps.")] = 5,
+         eps: EPS = 1.0, eps_inf: EPS_INF = 2.0, eps_1: EPS_1 = 1.0,
+         dataset: Annotated[str, typer.Option(help="uniform, zipf or syn (seed 001's evolving model).")] = "syn",
+         p_change: Annotated[float, typer.Option(help="Per-step change probability (syn).")] = 0.25,
+         protocol: Annotated[Optional[list[str]], typer.Option("--protocol", "-p", help="Restrict to these protocols.")] = None,
+         seed: SEED = 7) -> None:
+    """Offline simulation: an evolving population, every protocol, true vs estimated frequencies
+    and privacy figures (the streaming pipeline replaces this with the live stack)."""
+    from producers.datasets import EvolvingPopulation
+
+    names = protocol or list(estimators.PROTOCOLS)
+    console.print(f"[bold]ldp-stream offline demo[/bold]: {n:,} devices, k={k}, {steps} steps, dataset={dataset} "
+                  f"(zipf base, p_change={p_change}), ε={eps}, ε∞={eps_inf}, ε1={eps_1}")
+    try:
+        protos = {name: build(name, k=k, eps=eps, eps_inf=eps_inf, eps_1=eps_1) for name in names}
+    except LDPError as exc:
+        _fail(exc)
+    rng = np.random.default_rng(seed)
+    pop = EvolvingPopulation(n=n, k=k, kind=dataset, p_change=p_change, base="zipf", rng=np.random.default_rng(seed + 1))
+    states = {name: p.new_state(n, rng=np.random.default_rng(seed + 2)) for name, p in protos.items()}
+    sq_err = {name: [] for name in protos}
+    last: dict[str, np.ndarray] = {}
+    with progress() as bar:
+        task = bar.add_task("randomize → support → estimate", total=steps * len(protos))
+        for _t in range(steps):
+            values = pop.step()
+            true = pop.true_frequencies()
+            for name, p in protos.items():
+                reports = p.randomize(values, rng, state=states[name])
+                est = p.estimate(p.support(reports), n)
+                truth = true if p.domain_size == k else _bucketize(true, p.domain_size)
+                sq_err[name].append(np.mean((est - truth) ** 2))
+                last[name] = est
+                bar.advance(task)
+    t = Table(title=f"after {steps} steps (MSE_avg of seed 001 Eq. 7; ε̌_avg of Eq. 8 from the devices' memo state)")
+    for col in ("protocol", "MSE_avg", "Var* (avg over values)", "ε1", "ε∞", "ε̌_avg (measured)", "worst case"):
+        t.add_column(col, justify="left" if col == "protocol" else "right")
+    for name, p in protos.items():
+        st = states[name]
+        loss = float(np.mean(p.longitudinal_loss(st.memoized_count()))) if st is not None else float("inf")
+        truth = pop.true_frequencies()
+        truth = truth if p.domain_size == k else _bucketize(truth, p.domain_size)
+        t.add_row(name, f"{np.mean(sq_err[name]):.3e}", f"{np.mean(p.variance_exact(truth, n)):.3e}",
+                  f"{p.eps_first:.3f}", f"{p.eps_inf:.3f}", f"{loss:.3g}", f"{p.worst_case_loss:.3g}")
+    console.print(t)
+    truth = pop.true_frequencies()
+    top = np.argsort(truth)[::-1][:10]
+    show = [nm for nm in ("L-OSUE", "LOLOHA", "OLH", "GRR") if nm in last and protos[nm].domain_size == k][:3]
+    h = Table(title="true vs estimated frequency, last step, 10 most frequent values")
+    h.add_column("value", justify="right")
+    h.add_column("true", justify="right")
+    for nm in show:
+        h.add_column(nm, justify="right")
+    for v in top:
+        h.add_row(str(v), f"{truth[v]:.4f}", *(f"{last[nm][v]:.4f}" for nm in show))
+    console.print(h)
+
+
+def _bucketize(f: np.ndarray, b: int) -> np.ndarray:
+    """Histogram over ``b`` contiguous buckets of ``f`` (dBitFlipPM's bucket(v) = ⌊v b / k⌋)."""
+    k = f.shape[0]
+    return np.bincount((np.arange(k) * b) // k, weights=f, minlength=b)
+
+
+@app.command()
+def audit(protocol: Annotated[Optional[str], typer.Argument(help="Protocol to audit; omit for every protocol.")] = None,
+          k: K = 8, eps: EPS = 1.0, eps_inf: EPS_INF = 2.0, eps_1: EPS_1 = 1.0,
+          g: Annotated[Optional[int], typer.Option(help="LOLOHA hash range.")] = None,
+          calibration: CAL = "exact",
+          v1: Annotated[int, typer.Option(help="First input.")] = 0,
+          v2: Annotated[int, typer.Option(help="Second input.")] = 1,
+          trials: Annotated[int, typer.Option(help="Reports drawn per input.")] = 1_000_000,
+          confidence: Annotated[float, typer.Option(help="Confidence of the Clopper-Pearson bound.")] = 0.95,
+          seed: SEED = 0) -> None:
+    """Empirical privacy audit: an ε lower bound (Clopper-Pearson) next to the stated ε."""
+    from estimators import audit as A
+
+    try:
+        if protocol is None:
+            plan = A.plan_audit_cases(k)
+            cases = [(name, estimators.make(name, **params)) for name, params in plan.cases]
+            skipped = plan.skipped
+        else:
+            cases = [(protocol, build(protocol, k=k, eps=eps, eps_inf=eps_inf, eps_1=eps_1, g=g,
+                                      calibration=calibration))]
+            skipped = []
+    except LDPError as exc:
+        _fail(exc)
+    results = []
+    with progress() as bar:
+        for name, proto in cases:
+            task = bar.add_task(f"audit {proto!r}"[:60], total=2 * trials)
+            try:
+                results.append(A.audit(proto, v1=v1, v2=v2, trials=trials, seed=seed, confidence=confidence,
+                                       on_progress=lambda d, tot, t=task: bar.update(t, completed=d)))
+            except LDPError as exc:
+                _fail(exc)
+    t = Table(title=f"privacy audit: {trials:,} reports per input, {confidence:.0%} Clopper-Pearson")
+    for col in ("protocol", "ε stated (true ε1)", "ε lower bound", "ε̂ [CI]", "tightness", "verdict"):
+        t.add_column(col, justify="left" if col == "protocol" else "right")
+    for r in results:
+        extra = " ".join(f"{a}={v}" for a, v in r.params.items() if a not in ("protocol", "k"))
+        t.add_row(f"{r.protocol} {extra}", f"{r.eps_theory:.4f}", f"{r.eps_lower:.4f}",
+                  f"{r.eps_hat:.4f} [{r.eps_hat_ci[0]:.3f}, {r.eps_hat_ci[1]:.3f}]", f"{r.tightness:.1%}",
+                  "[green]ok[/green]" if r.passed else "[red]LEAKS MORE THAN STATED[/red]")
+    console.print(t)
+    for s in skipped:
+        console.print(f"[yellow]skipped[/yellow] {s}")
+    if not all(r.passed for r in results):
+        raise typer.Exit(1)
+
+
+@bench_app.command("protocols")
+def bench_protocols(k: K = 100, n: Annotated[int, typer.Option(help="Reports per measurement.")] = 100_000,
+                    eps: EPS = 1.0, eps_inf: EPS_INF = 2.0, eps_1: EPS_1 = 1.0,
+                    protocol: Annotated[Optional[list[str]], typer.Option("--protocol", "-p")] = None,
+                    repeats: Annotated[int, typer.Option(help="Best of this many runs of ours.")] = 5,
+                    peer_seconds: Annotated[float, typer.Option(help="Time budget of each peer measurement.")] = 4.0,
+                    seed: SEED = 0) -> None:
+    """reports/s of randomize and support (+estimate), ours vs multi-freq-ldpy, in one run."""
+    from . import bench_peer
+
+    have_peer = bench_peer.peer_available()
+    if not have_peer:
+        console.print("[yellow]multi-freq-ldpy is not installed (pip install -e '.[bench]'): peer columns empty[/yellow]")
+    names = protocol or list(estimators.PROTOCOLS)
+    targets = {("OUE", "rand"): 50, ("OLH", "rand"): 50, ("L-OSUE", "rand"): 50, ("GRR", "rand"): 20,
+               ("OLH", "agg"): 50, ("LOLOHA", "agg"): 50}
+    rows = []
+    with progress() as bar:
+        task = bar.add_task("benchmarking", total=len(names))
+        for name in names:
+            bar.update(task, description=f"bench {name}")
+            try:
+                p = build(name, k=k, eps=eps, eps_inf=eps_inf, eps_1=eps_1)
+            except LDPError as exc:
+                console.print(f"[yellow]{name}: {exc}[/yellow]")
+                bar.advance(task)
+                continue
+            ours_r, ours_a = _time_ours(p, n, repeats, seed)
+            peer_r = peer_a = None
+            if have_peer and name in bench_peer.PEER_PROTOCOLS:
+                single = not p.longitudinal
+                kw = dict(eps=eps if single else None, eps_inf=None if single else eps_inf,
+                          eps_1=None if single else eps_1, seed=seed, max_seconds=peer_seconds)
+                if name == "dBitFlipPM":
+                    kw.update(b=p.domain_size, d_bits=p.params().get("d", 1))
+                peer_r = bench_peer.time_peer_randomize(name, k, n, **kw)
+                peer_a = bench_peer.time_peer_support(name, k, n, **kw)
+            rows.append((name, ours_r, peer_r, ours_a, peer_a))
+            bar.advance(task)
+    t = Table(title=f"protocol throughput, k={k}, n={n:,} (reports/s; ratio = ours / multi-freq-ldpy, same run)")
+    for col in ("protocol", "randomize ours", "peer client", "ratio", "support+estimate ours", "peer aggregator", "ratio"):
+        t.add_column(col, justify="left" if col == "protocol" else "right")
+
+    def ratio(name: str, kind: str, a: float, b: float | None) -> str:
+        if not b:
+            return "-"
+        r = a / b
+        target = targets.get((name, kind))
+        mark = "" if target is None else (f" [green]≥{target}x ok[/green]" if r >= target else f" [red]<{target}x[/red]")
+        return f"{r:,.1f}x{mark}"
+
+    for name, r_o, r_p, a_o, a_p in rows:
+        t.add_row(name, f"{r_o:,.0f}", f"{r_p:,.0f}" if r_p else "-", ratio(name, "rand", r_o, r_p),
+                  f"{a_o:,.0f}", f"{a_p:,.0f}" if a_p else "-", ratio(name, "agg", a_o, a_p))
+    console.print(t)
+
+
+def _time_ours(p: estimators.FrequencyProtocol, n: int, repeats: int, seed: int) -> tuple[float, float]:
+    """Best-of-``repeats`` reports/s of randomize and of support + estimate (after a warm-up)."""
+    rng = np.random.default_rng(seed)
+    values = rng.integers(0, p.k, n)
+    state = p.new_state(n, rng=rng)
+    reports = p.randomize(values[:64], rng, state=None if state is None else state.subset(slice(0, 64)))
+    p.estimate(p.support(reports), 64)
+    best_r = best_a = float("inf")
+    for _ in range(max(1, repeats)):
+        t0 = time.perf_counter()
+        reports = p.randomize(values, rng, state=state)
+        t1 = time.perf_counter()
+        p.estimate(p.support(reports), n)
+        t2 = time.perf_counter()
+        best_r, best_a = min(best_r, t1 - t0), min(best_a, t2 - t1)
+    return n / best_r, n / best_a
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,32 @@
+"""Building a protocol from command-line options (only the parameters it accepts)."""
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import estimators
+from estimators.registry import _REGISTRY
+
+
+def accepted(name: str) -> list[str]:
+    """Keyword parameters of protocol ``name``'s constructor."""
+    cls = _REGISTRY[name]
+    return [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
+
+
+def build(name: str, **options: Any) -> estimators.FrequencyProtocol:
+    """``estimators.make(name, ...)`` with the options the protocol takes; ``None`` means default.
+
+    dBitFlipPM gets ``b = k`` buckets unless ``b`` is given (seed 001 §5.1 uses ``b = k`` for
+    Syn) and ``d = 1`` sampled bucket (its most private setting), and its ε is the ε∞ of the
+    longitudinal options.
+    """
+    if name not in _REGISTRY:
+        raise estimators.LDPError(f"unknown protocol {name!r}; known: {', '.join(estimators.PROTOCOLS)}")
+    takes = accepted(name)
+    opts = {k: v for k, v in options.items() if v is not None}
+    if "b" in takes and "b" not in opts and "k" in opts:
+        opts["b"] = opts["k"]
+    if "d" in takes and "d" not in opts:
+        opts["d"] = 1
+    return estimators.make(name, **{k: v for k, v in opts.items() if k in takes})

@@ -1,0 +1,80 @@
+"""Evolving populations of device values (one int array per time step).
+
+* ``uniform``: every step, each device holds a uniform value.
+* ``zipf``: values follow a Zipf law (exponent ``s``) over the domain, through a random
+  permutation of ranks fixed for the population.
+* ``syn``: seed 001's Syn model (§5.1): the first value is uniform; at each later step a
+  device changes its value with probability ``p_change``, drawing the new value from the base
+  distribution (uniform in the paper; any of the above here).
+
+Populations are vectorized: one call advances millions of devices.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterator, Literal
+
+import numpy as np
+
+Kind = Literal["uniform", "zipf", "syn"]
+KINDS: tuple[str, ...] = ("uniform", "zipf", "syn")
+
+
+def zipf_weights(k: int, s: float = 1.1) -> np.ndarray:
+    """Zipf probabilities over ranks ``1..k``."""
+    w = 1.0 / np.arange(1, k + 1, dtype=np.float64) ** s
+    return w / w.sum()
+
+
+@dataclass
+class EvolvingPopulation:
+    """``n`` devices whose values over ``[0, k)`` evolve step by step."""
+
+    n: int
+    k: int
+    kind: Kind = "syn"
+    p_change: float = 0.25
+    base: Literal["uniform", "zipf"] = "uniform"
+    zipf_s: float = 1.1
+    rng: np.random.Generator = field(default_factory=np.random.default_rng)
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"unknown dataset {self.kind!r}; choose one of {', '.join(KINDS)}")
+        if not 0.0 <= self.p_change <= 1.0:
+            raise ValueError(f"p_change must lie in [0, 1], got {self.p_change}")
+        if self.n < 1 or self.k < 2:
+            raise ValueError("a population needs n >= 1 devices and a domain k >= 2")
+        dist = "zipf" if self.kind == "zipf" else self.base
+        self._p = None if dist == "uniform" else zipf_weights(self.k, self.zipf_s)[self.rng.permutation(self.k)]
+        self.values: np.ndarray | None = None
+        self.t = -1
+
+    @property
+    def distribution(self) -> np.ndarray:
+        """The base distribution new values are drawn from."""
+        return np.full(self.k, 1.0 / self.k) if self._p is None else self._p
+
+    def _draw(self, size: int) -> np.ndarray:
+        if self._p is None:
+            return self.rng.integers(0, self.k, size)
+        return self.rng.choice(self.k, size=size, p=self._p)
+
+    def step(self) -> np.ndarray:
+        """Advance one time step and return the devices' values (int64 ``(n,)``)."""
+        self.t += 1
+        if self.values is None or self.kind != "syn":
+            self.values = self._draw(self.n)
+        else:
+            change = np.flatnonzero(self.rng.random(self.n) < self.p_change)
+            self.values[change] = self._draw(change.size)
+        return self.values
+
+    def steps(self, tau: int) -> Iterator[np.ndarray]:
+        for _ in range(tau):
+            yield self.step()
+
+    def true_frequencies(self) -> np.ndarray:
+        """Histogram of the current values."""
+        assert self.values is not None, "call step() first"
+        return np.bincount(self.values, minlength=self.k) / self.n
