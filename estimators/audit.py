@@ -267,9 +267,11 @@ def _candidates(name: str, k: int) -> list[dict]:
     if name == "LOLOHA":
         return [memo, {**memo, "g": 2}]
     if name == "dBitFlipPM":
-        # b = k: v1 = 0 and v2 = 1 fall in different buckets; b = k/2 with d = 2 exercises bucketing
+        # b = k so that the default inputs 0 and 1 fall in different buckets: with contiguous
+        # buckets (⌊v b / k⌋) any b < k puts them together, their report distributions are equal
+        # and the audit is vacuous (audit bucketed configurations with v2 >= k / b instead)
         return [{"k": k, "b": k, "d": 1, "eps_inf": EPS_INF},
-                {"k": k, "b": max(2, k // 2), "d": 2, "eps_inf": EPS_INF}]
+                {"k": k, "b": k, "d": 2, "eps_inf": EPS_INF}]
     return [single]
 
 
@@ -317,7 +319,7 @@ def plan_audit_cases(k: int = 8) -> AuditPlan:
 
     Single-shot protocols use ε = 1; memoizing ones ε∞ = 2, ε1 = 1 (or 0.5/0.4/0.3 ε∞ when ε1 = 1
     is infeasible); L-GRR, L-ADP and LOLOHA are audited under both calibrations, LOLOHA with its
-    default (optimal) g and with g = 2; dBitFlipPM with (b = k, d = 1) and (b = k/2, d = 2).
+    default (optimal) g and with g = 2; dBitFlipPM with b = k and d = 1, 2.
     Unknown names get parameters from their constructor signature.
     """
     from . import PROTOCOLS
@@ -373,10 +375,10 @@ def format_results(results: list[AuditResult], skipped: list[SkippedCase] = ()) 
     def extra(p: dict) -> str:
         return " ".join(f"{k}={v}" for k, v in p.items() if k not in ("protocol", "k"))
 
-    lines = [f"{'protocol':<11} {'params':<44} {'eps_theory':>10} {'eps_lower':>10} {'eps_hat':>8} "
+    lines = [f"{'protocol':<11} {'params':<52} {'eps_theory':>10} {'eps_lower':>10} {'eps_hat':>8} "
              f"{'tight':>6} {'pass':>5}"]
     for r in results:
-        lines.append(f"{r.protocol:<11} {extra(r.params):<44} {r.eps_theory:>10.4f} {r.eps_lower:>10.4f} "
+        lines.append(f"{r.protocol:<11} {extra(r.params):<52} {r.eps_theory:>10.4f} {r.eps_lower:>10.4f} "
                      f"{r.eps_hat:>8.4f} {r.tightness:>6.3f} {str(r.passed):>5}")
     for s in skipped:
         lines.append(f"{s.name:<11} SKIPPED {extra(s.params)}: {s.reason}")

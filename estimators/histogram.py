@@ -44,7 +44,7 @@ def the_probabilities(eps: float, theta: float) -> tuple[float, float]:
 
 
 def the_optimal_theta(eps: float) -> float:
-    """θ in (0.5, 1) minimizing Var* = qs(1-qs)/(ps-qs)^2 (Wang et al. 2017, §4.4), rounded to 1e-6.
+    """θ in (0.5, 1) minimizing Var* = qs(1-qs)/(ps-qs)^2 (Wang et al. 2017), rounded to 1e-6.
 
     Found numerically (bounded Brent search); the rounding makes it a stable public parameter
     (it enters the protocol fingerprint) at a negligible cost in variance (the optimum is flat).
@@ -111,7 +111,6 @@ SHE_SCALE = 1 << SHE_SCALE_BITS  # fixed-point units per 1.0 of the noisy one-ho
 SHE_TAIL = 16.0                  # clip |y| at 1 + 16 noise scales
 SHE_MIN_EPS = 1e-4               # the clip bound must fit in int32
 SHE_MAX_EPS = 16.0               # the clip bound must lie well inside the sampler's range (see SHE)
-SHE_AUDIT_T = 1.0                # audit event: y_v1 - y_v2 > 1
 
 
 def _rounded_laplace_moments(beta: float, c: int, bound: int) -> tuple[float, float]:
@@ -155,15 +154,16 @@ class SHE(FrequencyProtocol):
     Server: the support is the int64 column sum of the reports (exact and additive).
     The estimator uses the exact moments of what is sent (:func:`_rounded_laplace_moments`):
     ``E[Q_v] = μ0 + f (μ1 - μ0)`` with ``μ0 = 0`` (symmetry) and ``μ1 = S`` up to the clip
-    (``≈ S - beta e^{-16}/2``), so ``f̂ = (C(v)/n - μ0) / (μ1 - μ0)``; rounding adds the
-    Sheppard term ``1/12`` to the noise variance ``2 beta^2`` (``beta = 2S/ε``), i.e. the
+    (``≈ S - (beta/2)(e^{-16} - e^{-16-ε})``, relative ``<= e^{-16} ≈ 1.1e-7``), so
+    ``f̂ = (C(v)/n - μ0) / (μ1 - μ0)``; rounding adds Sheppard's ``1/12`` to the noise
+    variance ``2 beta^2`` (``beta = 2S/ε``, the noise scale in fixed-point units), i.e. the
     variance is ``8/(n ε^2)`` up to relative ``O(ε^2 / S^2)``. Var* (f → 0) =
     ``σ0² / (n (μ1 - μ0)^2)``; the exact variance (one report per i.i.d. user, as for the
     pure protocols) is ``(f σ1² + (1-f) σ0² + f(1-f)(μ1-μ0)^2) / (n (μ1-μ0)^2)``.
 
-    Sampler: ``L = -beta sign(t) ln(1 - 2|t|)``, ``t`` on a symmetric 2^-53 grid, reaches
-    ``|L| <= 36.7 b``; ``eps <= 16`` keeps the clip (``±(1 + 16 b)``, reached from either
-    one-hot value) inside that range, so both inputs have the same output support. As with
+    Sampler: ``S L = -beta sign(t) ln(1 - 2|t|)`` with ``t`` on a symmetric 2^-53 grid reaches
+    ``53 ln 2 ≈ 36.7`` noise scales; ``eps <= 16`` keeps the clip (``|y| = 1 + 16 b``, hit
+    from either one-hot value) inside that range, so both inputs have the same output support. As with
     any floating-point Laplace sampler (Mironov 2012) the probabilities of individual
     outputs deep in the tail deviate from the ideal ones by the grid's granularity; the
     clip confines this to events of probability ``< e^{-16}``.
@@ -247,7 +247,9 @@ class SHE(FrequencyProtocol):
         return per / (n * self.gap ** 2)
 
     def audit_event(self, reports: np.ndarray, v1: int, v2: int) -> np.ndarray:
-        """``y_v1 - y_v2 > 1``: ``P = P(Δ > 0)`` under ``v1`` vs ``P(Δ > 2)`` under ``v2`` (Δ a
-        difference of two Laplace(b)), ratio ``e^ε / (1 + ε/2)``."""
+        """``y_v1 > 1`` and ``y_v2 < 0`` (``Q_v1 > S``, ``Q_v2 < 0``): probability ``r/4`` under ``v1``
+        and ``r^{2S+1}/4`` under ``v2`` (``P(D > 0) = r^{1/2}/2``, ``P(D > S) = r^{S+1/2}/2``), a ratio
+        of exactly ``r^{-2S} = e^ε``. It beats the difference event ``y_v1 - y_v2 > 1``, whose
+        ratio is only ``e^ε / (1 + ε/2)``."""
         r = np.asarray(reports)
-        return (r[:, v1].astype(np.int64) - r[:, v2]) > SHE_AUDIT_T * SHE_SCALE
+        return (r[:, v1] > SHE_SCALE) & (r[:, v2] < 0)

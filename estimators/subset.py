@@ -111,7 +111,8 @@ class SS(PureProtocol):
     def _check_array(self, reports: np.ndarray) -> np.ndarray:
         r = np.asarray(reports)
         if r.ndim != 2 or r.shape[1:] != self.report_shape:
-            raise InvalidReports(f"SS ({self.layout}) reports must have shape (n, {self.report_shape[0]}), got {r.shape}")
+            raise InvalidReports(f"SS ({self.layout}) reports must have shape (n, {self.report_shape[0]}), "
+                                 f"got {r.shape}")
         if self.layout == "bits" and r.dtype != np.uint8:
             raise InvalidReports(f"SS bit reports must be uint8, got {r.dtype}")
         if self.layout == "indices" and not np.issubdtype(r.dtype, np.integer):

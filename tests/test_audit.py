@@ -10,7 +10,7 @@ import pytest
 from scipy.stats import binom
 
 import estimators
-from estimators.audit import (AuditResult, audit, clopper_pearson, cp_lower, cp_upper, default_audit_cases,
+from estimators.audit import (CHUNK_BYTES, AuditResult, audit, clopper_pearson, cp_lower, cp_upper, default_audit_cases,
                               eps_interval, eps_lower_bound, eps_point_estimate, plan_audit_cases)
 from estimators.direct import GRR, LGRR
 from estimators.errors import LDPError
@@ -181,6 +181,16 @@ def test_progress_callback_and_chunking() -> None:
     assert all(t == 50_000 for _, t in calls)
     assert (r.v1, r.v2, r.trials) == (3, 1000, 25_000)
     assert r.passed
+
+
+def test_chunks_respect_the_memory_budget() -> None:
+    """SHE at k = 1024 has 4 KiB reports: chunks shrink so one chunk stays within CHUNK_BYTES."""
+    proto = estimators.make("SHE", k=1024, eps=1.0)
+    per = np.dtype(proto.report_dtype).itemsize * int(np.prod(proto.report_shape))
+    calls: list[int] = []
+    audit(proto, trials=40_000, seed=2, on_progress=lambda d, t: calls.append(d))
+    steps = np.diff([0, *calls])
+    assert steps.max() * per <= CHUNK_BYTES and len(calls) > 2
 
 
 def test_audit_is_reproducible_from_its_seed() -> None:
