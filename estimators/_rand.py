@@ -131,3 +131,86 @@ def np_stream_uniforms32(base, count: int) -> np.ndarray:
         z = np_mix64(base + w * GOLDEN)
     out = np.stack([z & LO32, z >> np.uint64(32)], axis=-1).reshape(z.shape[:-1] + (-1,))
     return out[..., :count]
+
+
+# ---------------------------------------------------------------- 8 Bernoulli bits per stream word
+# A 32-bit uniform ``u = hi * 2^24 + rest`` is compared with a threshold ``T`` lazily: its top
+# byte ``hi`` decides unless it equals ``T``'s top byte (probability 1/256), and only then is the
+# 24-bit ``rest`` drawn from a refinement word. One stream word thus carries the top bytes of 8
+# uniforms, i.e. 8 Bernoulli bits, compared lane-wise with SWAR arithmetic (Hacker's Delight
+# §6-1); the draw is exactly ``P(u < T) = T / 2^32``.
+REFINE = 1 << 40  # stream word ``REFINE + 8 w + t`` refines lane t of word w
+_H = np.uint64(0x8080808080808080)
+_L7 = np.uint64(0x7F7F7F7F7F7F7F7F)
+_GATHER = np.uint64(0x0102040810204080)
+EXPAND = np.array([sum(0xFF << (8 * t) for t in range(8) if b >> t & 1) for b in range(256)], dtype=np.uint64)
+
+
+def split_threshold(t: int) -> tuple[np.uint64, np.uint64]:
+    """``(hi, rest)`` with ``t = hi * 2^24 + rest`` and ``hi <= 255`` (``t = 2^32`` gives rest 2^24)."""
+    hi = min(int(t) >> 24, 255)
+    return np.uint64(hi), np.uint64(int(t) - (hi << 24))
+
+
+def broadcast8(b: np.uint64) -> np.uint64:
+    """The byte ``b`` in all 8 lanes."""
+    return np.uint64(int(b) * 0x0101010101010101)
+
+
+@nb.njit(inline="always", cache=True)
+def lanes_lt(x: np.uint64, y: np.uint64) -> np.uint64:
+    """8-bit mask: bit t set iff byte t of ``x`` < byte t of ``y`` (unsigned)."""
+    d = (x | _H) - (y & _L7)
+    m = ((~x & y) | (~(x ^ y) & ~d)) & _H
+    return ((m >> np.uint64(7)) * _GATHER) >> np.uint64(56)
+
+
+@nb.njit(inline="always", cache=True)
+def lanes_eq(x: np.uint64, y: np.uint64) -> np.uint64:
+    """8-bit mask: bit t set iff byte t of ``x`` == byte t of ``y``."""
+    t = x ^ y
+    nonzero = (((t & _L7) + _L7) | t) & _H
+    return (((~nonzero & _H) >> np.uint64(7)) * _GATHER) >> np.uint64(56)
+
+
+@nb.njit(inline="always", cache=True)
+def bernoulli_bytes(base: np.uint64, hi_lanes: np.ndarray, sel: np.ndarray, rest_a: np.uint64,
+                    rest_b: np.uint64, bits: np.ndarray, eq: np.ndarray) -> None:
+    """Bytes ``b`` of ``bits`` := 8 Bernoulli bits each from stream word ``b``.
+
+    Lane ``t`` of byte ``b`` has threshold top byte = byte t of ``hi_lanes[b]`` and 24-bit rest
+    ``rest_a`` if bit t of ``sel[b]`` else ``rest_b``. The common case (top bytes differ) is a
+    branch-free SWAR pass that vectorizes; lanes whose top byte ties (probability 1/256 each)
+    are refined afterwards from the words ``REFINE + 8 b + t``.
+    """
+    nb_ = bits.shape[0]
+    tie = np.uint64(0)
+    for b in range(nb_):
+        z = stream_word(base, b)
+        bits[b] = lanes_lt(z, hi_lanes[b])
+        eq[b] = lanes_eq(z, hi_lanes[b])
+        tie |= eq[b]
+    if tie:
+        for b in range(nb_):
+            e = eq[b]
+            while e:
+                t = 0
+                while not (e >> np.uint64(t)) & np.uint64(1):
+                    t += 1
+                rest = stream_word(base, REFINE + 8 * b + t) & np.uint64(0xFFFFFF)
+                if rest < (rest_a if (sel[b] >> np.uint64(t)) & np.uint64(1) else rest_b):
+                    bits[b] |= np.uint64(1) << np.uint64(t)
+                e &= e - np.uint64(1)
+
+
+def np_bernoulli8(base, w: int, hi: np.ndarray, rest: np.ndarray) -> np.ndarray:
+    """Reference of byte ``w`` of :func:`bernoulli_bytes`: ``hi``/``rest`` are per-lane ``(n, 8)``
+    thresholds; the lane is 1 iff the 32-bit uniform ``top * 2^24 + refine`` is below them."""
+    base = np.asarray(base, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        z = np_mix64(base + np.uint64(w) * GOLDEN)
+        lanes = np.arange(8, dtype=np.uint64)
+        top = (z[:, None] >> (8 * lanes)) & np.uint64(0xFF)
+        refine = np_mix64(base[:, None] + (np.uint64(REFINE + 8 * w) + lanes) * GOLDEN) & np.uint64(0xFFFFFF)
+    bit = (top < hi) | ((top == hi) & (refine < rest))
+    return (bit.astype(np.uint64) << lanes).sum(axis=1).astype(np.uint64)

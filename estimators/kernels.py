@@ -11,10 +11,12 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from ._rand import other_than, stream_fill32, unit, word
+from ._rand import EXPAND, bernoulli_bytes, other_than, stream_word, unit, word
 
 _PRR = np.uint64(0x50F5F5F5)  # stream domain separators of the two rounds
 _IRR = np.uint64(0x1BD11BDA)
+_HOT = 1 << 41  # stream word of the PRR's hot bit
+_LO32 = np.uint64(0xFFFFFFFF)
 
 _PAR = dict(parallel=True, cache=True, nogil=True)
 _CHUNK = 1 << 12
@@ -52,51 +54,65 @@ def grr_chain_randomize(values, keys, memo, seen, seed, p1, p2, m):
 
 
 # ------------------------------------------------------------------ unary encoding (UE chain)
-@nb.njit(inline="always", cache=True)
-def pack_bits_row(bits: np.ndarray, k: int, out_row: np.ndarray) -> None:
-    """Pack ``bits[:k]`` (0/1 as uint64) little-endian into ``out_row``."""
-    for b in range(out_row.shape[0]):
-        acc = np.uint64(0)
-        for t in range(8):
-            j = b * 8 + t
-            if j < k:
-                acc |= bits[j] << np.uint64(t)
-        out_row[b] = np.uint8(acc)
-
-
 @nb.njit(**_PAR)
 def ue_chain_randomize(values, keys, memo, seen, seed, t1p, t1q, t2p, t2q, k):
     """Two UE rounds over ``k`` bits, packed little-endian into ``uint8 (n, ceil(k/8))``.
 
     Thresholds are 32-bit (:func:`estimators._rand.threshold32`). PRR bit j is 1 w.p.
-    ``t1p`` if j is the value's bit else ``t1q``, from the stream of ``(key, value)`` if
+    ``t1p`` if j is the value's bit else ``t1q``, drawn from the stream of ``(key, value)`` if
     ``memo`` else of ``(seed, row)``; IRR bit j is 1 w.p. ``t2p`` if the PRR bit is 1 else
     ``t2q``, from the stream of ``(seed, row, IRR)``. ``t2p = 2^32, t2q = 0`` disables the
-    second round (single-shot SUE / OUE).
+    second round (single-shot SUE / OUE / THE). Output byte ``b`` of a round is 8 lazy
+    Bernoulli bits from stream word ``b`` (:func:`estimators._rand.bernoulli_bytes`); the hot
+    bit of the PRR is redrawn from stream word ``HOT`` with threshold ``t1p``.
     """
     n = values.shape[0]
-    out = np.zeros((n, (k + 7) // 8), dtype=np.uint8)
+    nbytes = (k + 7) // 8
+    out = np.zeros((n, nbytes), dtype=np.uint8)
     irr = not (t2p == np.uint64(1 << 32) and t2q == np.uint64(0))
-    m = k + (k & 1)
+    q1_hi, q1_rest = t1q >> np.uint64(24), t1q & np.uint64(0xFFFFFF)
+    if q1_hi > 255:
+        q1_hi, q1_rest = np.uint64(255), t1q - np.uint64(255 << 24)
+    p2_hi, p2_rest = t2p >> np.uint64(24), t2p & np.uint64(0xFFFFFF)
+    if p2_hi > 255:
+        p2_hi, p2_rest = np.uint64(255), t2p - np.uint64(255 << 24)
+    q2_hi, q2_rest = t2q >> np.uint64(24), t2q & np.uint64(0xFFFFFF)
+    if q2_hi > 255:
+        q2_hi, q2_rest = np.uint64(255), t2q - np.uint64(255 << 24)
+    ones = np.uint64(0x0101010101010101)
+    q1_lanes, p2_lanes, q2_lanes = q1_hi * ones, p2_hi * ones, q2_hi * ones
+    last = np.uint64((1 << (k & 7)) - 1) if k & 7 else np.uint64(0xFF)
     nchunks = (n + _CHUNK - 1) // _CHUNK
     for c in nb.prange(nchunks):
-        u = np.empty(m, dtype=np.uint64)
-        bits = np.empty(m, dtype=np.uint64)
+        bits = np.empty(nbytes, dtype=np.uint64)
+        hi = np.full(nbytes, q1_lanes, dtype=np.uint64)
+        sel = np.zeros(nbytes, dtype=np.uint64)
+        eq = np.empty(nbytes, dtype=np.uint64)
         for i in range(c * _CHUNK, min(n, (c + 1) * _CHUNK)):
             x = np.int64(values[i])
             if memo:
-                stream_fill32(word(keys[i], np.uint64(x), _PRR), u, k)
+                base = word(keys[i], np.uint64(x), _PRR)
                 _mark(seen, i, x)
             else:
-                stream_fill32(word(seed, np.uint64(i), _PRR), u, k)
-            for j in range(m):
-                bits[j] = np.uint64(u[j] < t1q)
-            bits[x] = np.uint64(u[x] < t1p)
+                base = word(seed, np.uint64(i), _PRR)
+            for b in range(nbytes):
+                hi[b] = q1_lanes
+                sel[b] = 0
+            bernoulli_bytes(base, hi, sel, q1_rest, q1_rest, bits, eq)
+            m = np.uint64(1) << np.uint64(x & 7)
+            if (stream_word(base, _HOT) & _LO32) < t1p:
+                bits[x >> 3] |= m
+            else:
+                bits[x >> 3] &= ~m
             if irr:
-                stream_fill32(word(seed, np.uint64(i), _IRR), u, k)
-                for j in range(m):
-                    bits[j] = np.uint64(u[j] < t2q + bits[j] * (t2p - t2q))
-            pack_bits_row(bits, k, out[i])
+                for b in range(nbytes):
+                    e = EXPAND[bits[b]]
+                    hi[b] = (e & p2_lanes) | (~e & q2_lanes)
+                    sel[b] = bits[b]
+                bernoulli_bytes(word(seed, np.uint64(i), _IRR), hi, sel, p2_rest, q2_rest, bits, eq)
+            bits[nbytes - 1] &= last
+            for b in range(nbytes):
+                out[i, b] = np.uint8(bits[b])
     return out
 
 

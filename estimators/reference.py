@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._rand import np_other_than, np_stream_uniforms32, np_unit, np_word
-from .kernels import _IRR, _PRR
+from ._rand import GOLDEN, np_bernoulli8, np_mix64, np_other_than, np_unit, np_word, split_threshold
+from .kernels import _HOT, _IRR, _PRR
 
 
 def _addr(values, keys, memo, seed):
@@ -45,12 +45,27 @@ def ue_chain_randomize(values, keys, memo, seen, seed, t1p, t1q, t2p, t2q, k):
     key, a = _addr(values, keys, memo, seed)
     if memo:
         _mark(seen, values)
-    hot = np.arange(k)[None, :] == values[:, None]
-    bits = np_stream_uniforms32(np_word(key, a, _PRR), k) < np.where(hot, np.uint64(t1p), np.uint64(t1q))
-    if not (t2p == 1 << 32 and t2q == 0):
-        u2 = np_stream_uniforms32(np_word(seed, np.arange(n, dtype=np.uint64), _IRR), k)
-        bits = u2 < np.where(bits, np.uint64(t2p), np.uint64(t2q))
-    return np.packbits(bits, axis=1, bitorder="little")
+    base = np_word(key, a, _PRR)
+    ibase = np_word(seed, np.arange(n, dtype=np.uint64), _IRR)
+    with np.errstate(over="ignore"):
+        hot = (np_mix64(base + np.uint64(_HOT) * GOLDEN) & np.uint64(0xFFFFFFFF)) < t1p
+    lanes = np.arange(8, dtype=np.uint64)
+    nbytes = (k + 7) // 8
+    out = np.zeros((n, nbytes), dtype=np.uint8)
+    q1 = split_threshold(t1q)
+    for b in range(nbytes):
+        bits = np_bernoulli8(base, b, np.full((n, 8), q1[0]), np.full((n, 8), q1[1]))
+        mine = (values >> 3) == b
+        m = np.uint64(1) << (values & 7).astype(np.uint64)
+        bits = np.where(mine & hot, bits | m, np.where(mine, bits & ~m, bits))
+        if not (t2p == 1 << 32 and t2q == 0):
+            prr = ((bits[:, None] >> lanes) & np.uint64(1)).astype(bool)
+            (p_hi, p_rest), (q_hi, q_rest) = split_threshold(t2p), split_threshold(t2q)
+            bits = np_bernoulli8(ibase, b, np.where(prr, p_hi, q_hi), np.where(prr, p_rest, q_rest))
+        if b == nbytes - 1 and k & 7:
+            bits &= np.uint64((1 << (k & 7)) - 1)
+        out[:, b] = bits.astype(np.uint8)
+    return out
 
 
 def packed_bit_counts(bits, k):

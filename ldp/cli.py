@@ -212,7 +212,7 @@ def bench_protocols(k: K = 100, n: Annotated[int, typer.Option(help="Reports per
             rows.append((name, ours_r, peer_r, ours_a, peer_a))
             bar.advance(task)
     t = Table(title=f"protocol throughput, k={k}, n={n:,} (reports/s; ratio = ours / multi-freq-ldpy, same run)")
-    for col in ("protocol", "randomize ours", "peer client", "ratio", "support+estimate ours", "peer aggregator", "ratio"):
+    for col in ("protocol", "randomize", "peer client", "ratio", "support+estimate", "peer aggregator", "ratio"):
         t.add_column(col, justify="left" if col == "protocol" else "right")
 
     def ratio(name: str, kind: str, a: float, b: float | None) -> str:
@@ -220,13 +220,23 @@ def bench_protocols(k: K = 100, n: Annotated[int, typer.Option(help="Reports per
             return "-"
         r = a / b
         target = targets.get((name, kind))
-        mark = "" if target is None else (f" [green]≥{target}x ok[/green]" if r >= target else f" [red]<{target}x[/red]")
-        return f"{r:,.1f}x{mark}"
+        mark = "" if target is None else (f" [green]≥{target} ok[/green]" if r >= target else f" [red]<{target}![/red]")
+        return f"{r:,.0f}x{mark}"
 
     for name, r_o, r_p, a_o, a_p in rows:
-        t.add_row(name, f"{r_o:,.0f}", f"{r_p:,.0f}" if r_p else "-", ratio(name, "rand", r_o, r_p),
-                  f"{a_o:,.0f}", f"{a_p:,.0f}" if a_p else "-", ratio(name, "agg", a_o, a_p))
+        t.add_row(name, _si(r_o), _si(r_p), ratio(name, "rand", r_o, r_p),
+                  _si(a_o), _si(a_p), ratio(name, "agg", a_o, a_p))
     console.print(t)
+
+
+def _si(rate: float | None) -> str:
+    """Compact rate: 27.4M, 463k."""
+    if not rate:
+        return "-"
+    for unit, div in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if rate >= div:
+            return f"{rate / div:.3g}{unit}"
+    return f"{rate:.3g}"
 
 
 def _time_ours(p: estimators.FrequencyProtocol, n: int, repeats: int, seed: int) -> tuple[float, float]:

@@ -261,3 +261,39 @@ def test_ibu_recovers_a_noiseless_channel() -> None:
     f = np.array([0.5, 0.3, 0.2, 0.0])
     counts = n * (qs + (ps - qs) * f)
     np.testing.assert_allclose(pp.ibu(counts, n, ps, qs, iters=20_000, tol=1e-15), f, atol=1e-4)
+
+
+# ---------------------------------------------------------------- the 8-bits-per-word sampler
+def test_swar_lane_comparisons_match_bytewise() -> None:
+    import numba as nb
+    from estimators._rand import lanes_eq, lanes_lt
+
+    @nb.njit
+    def both(x, y):
+        out = np.empty((x.shape[0], 2), dtype=np.uint64)
+        for i in range(x.shape[0]):
+            out[i, 0] = lanes_lt(x[i], y[i])
+            out[i, 1] = lanes_eq(x[i], y[i])
+        return out
+
+    g = np.random.default_rng(9)
+    x = g.integers(0, 256, (20_000, 8), dtype=np.uint8)
+    y = np.where(g.random((20_000, 8)) < 0.3, x, g.integers(0, 256, (20_000, 8), dtype=np.uint8))
+    got = both(x.view(np.uint64).ravel(), y.view(np.uint64).ravel())
+    weights = (1 << np.arange(8)).astype(np.uint64)
+    np.testing.assert_array_equal(got[:, 0], ((x < y) * weights).sum(axis=1))
+    np.testing.assert_array_equal(got[:, 1], ((x == y) * weights).sum(axis=1))
+
+
+@pytest.mark.parametrize("p", [0.25 + 0.5 / 256, 0.5, 2**-20, 1.0])
+def test_bit_probability_is_exactly_the_threshold(p: float) -> None:
+    """Ties of the top byte (probability 1/256 per lane) are refined from 24 more bits: at
+    p = 1/4 + 1/512 half of the tied lanes must come out as 1, which a top-byte-only sampler
+    would miss by 14 standard deviations."""
+    n, k = 100_000, 100
+    t = threshold32(p)
+    bits = kernels.ue_chain_randomize(np.zeros(n, dtype=np.int64), np.zeros(0, np.uint64), False,
+                                      np.zeros((0, 0), np.uint8), np.uint64(3), t, t, threshold32(1.0), np.uint64(0), k)
+    rate = np.unpackbits(bits, axis=1, bitorder="little")[:, :k].mean()
+    sd = np.sqrt(p * (1 - p) / (n * k))
+    assert abs(rate - p) <= 4 * sd + 1e-12
