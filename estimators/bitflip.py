@@ -225,16 +225,21 @@ class DBitFlipPM(PureProtocol):
 
     # ---------------------------------------------------------------- audit hook
     def audit_event(self, reports: np.ndarray, v1: int, v2: int) -> np.ndarray:
-        """bucket(v1) sampled and reported 1, and bucket(v2), if sampled, reported 0.
+        """The distinguishing event of the privacy audit.
 
-        Its probability ratio is ``p/q`` (d = 1) up to ``p(1-q)/(q(1-p))`` (d = b), i.e. at
-        most ``e^{eps_first}``. If v1 and v2 share a bucket their report distributions are
-        identical and no event separates them; the first clause alone is returned.
+        With ``d >= 2``: both buckets sampled, bucket(v1) reported 1 and bucket(v2) reported 0,
+        whose probability ratio is exactly ``p(1-q)/(q(1-p)) = e^{eps_first}`` (the two bits
+        swap roles). With ``d = 1``: bucket(v1) sampled and reported 1, ratio ``p/q``. If v1 and
+        v2 share a bucket their report distributions are identical and no event separates them;
+        then the event is "bucket(v1) sampled and reported 1" (ratio 1).
         """
         b1, b2 = (int(x) for x in self.bucket(np.array([v1, v2], dtype=np.int64)))
         r = np.asarray(reports)
         buckets, bits = r >> 1, (r & 1).astype(bool)
-        event = ((buckets == b1) & bits).any(axis=1)
-        if b2 != b1:
-            event &= ~((buckets == b2) & bits).any(axis=1)
-        return event
+        one1 = ((buckets == b1) & bits).any(axis=1)
+        if b1 == b2:
+            return one1
+        if self.d >= 2:
+            zero2 = ((buckets == b2) & ~bits).any(axis=1)
+            return one1 & zero2
+        return one1 & ~((buckets == b2) & bits).any(axis=1)

@@ -128,6 +128,8 @@ def _bucketize(f: np.ndarray, b: int) -> np.ndarray:
 def audit(protocol: Annotated[Optional[str], typer.Argument(help="Protocol to audit; omit for every protocol.")] = None,
           k: K = 8, eps: EPS = 1.0, eps_inf: EPS_INF = 2.0, eps_1: EPS_1 = 1.0,
           g: Annotated[Optional[int], typer.Option(help="LOLOHA hash range.")] = None,
+          b: Annotated[Optional[int], typer.Option(help="dBitFlipPM buckets (default k).")] = None,
+          d: Annotated[Optional[int], typer.Option(help="dBitFlipPM sampled buckets (default 1).")] = None,
           calibration: CAL = "exact",
           v1: Annotated[int, typer.Option(help="First input.")] = 0,
           v2: Annotated[int, typer.Option(help="Second input.")] = 1,
@@ -143,7 +145,7 @@ def audit(protocol: Annotated[Optional[str], typer.Argument(help="Protocol to au
             cases = [(name, estimators.make(name, **params)) for name, params in plan.cases]
             skipped = plan.skipped
         else:
-            cases = [(protocol, build(protocol, k=k, eps=eps, eps_inf=eps_inf, eps_1=eps_1, g=g,
+            cases = [(protocol, build(protocol, k=k, eps=eps, eps_inf=eps_inf, eps_1=eps_1, g=g, b=b, d=d,
                                       calibration=calibration))]
             skipped = []
     except LDPError as exc:

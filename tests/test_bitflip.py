@@ -310,7 +310,8 @@ def test_audit_event() -> None:
                   [0 * 2 + 0, 1 * 2 + 0],   # b1 reported 0 -> no event
                   [2 * 2 + 1, 3 * 2 + 1]],  # b1 not sampled -> no event
                  dtype=proto.report_dtype)
-    np.testing.assert_array_equal(proto.audit_event(r, 0, 2), [True, False, True, False, False])
+    # d >= 2: both sampled, v1's bucket reported 1 and v2's reported 0 (ratio exactly e^eps)
+    np.testing.assert_array_equal(proto.audit_event(r, 0, 2), [True, False, False, False, False])
     # same bucket: only the first clause
     np.testing.assert_array_equal(proto.audit_event(r, 0, 1), [True, True, True, False, False])
     # empirically the ratio P(E | v1) / P(E | v2) stays below e^eps_first
@@ -323,7 +324,7 @@ def test_audit_event() -> None:
         ratio = e1 / e2
         se = ratio * math.sqrt(1 / (e1 * n) + 1 / (e2 * n))
         assert ratio <= math.exp(pr.eps_first) + 4 * se
-        if d in (1, 4):  # the event is tight at both ends
+        if d in (1, 2, 4):  # the event is tight for every d
             assert ratio == pytest.approx(math.exp(pr.eps_first), abs=4 * se)
 
 
