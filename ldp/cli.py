@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Annotated, Optional
 
 import numpy as np
@@ -19,6 +20,10 @@ app = typer.Typer(help="ldp-stream: telemetry under local differential privacy."
                   pretty_exceptions_show_locals=False, add_completion=False)
 bench_app = typer.Typer(help="Benchmarks that print ratios measured side by side in one run.", no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
+stack_app = typer.Typer(help="The embedded local stack: a Kafka-protocol broker (tansu) and redis-server.",
+                        no_args_is_help=True)
+app.add_typer(stack_app, name="stack")
+RUN_DIR = Annotated[str, typer.Option("--run-dir", help="Run directory of the stack (state file, logs).")]
 console = Console()
 
 K = Annotated[int, typer.Option("--k", "-k", help="Domain size.")]
@@ -257,6 +262,47 @@ def _time_ours(p: estimators.FrequencyProtocol, n: int, repeats: int, seed: int)
         t2 = time.perf_counter()
         best_r, best_a = min(best_r, t1 - t0), min(best_a, t2 - t1)
     return n / best_r, n / best_a
+
+
+@stack_app.command("up")
+def stack_up(run_dir: RUN_DIR = ".run/stack",
+             kafka_port: Annotated[Optional[int], typer.Option(help="Broker port (default: a free one).")] = None,
+             redis_port: Annotated[Optional[int], typer.Option(help="Redis port (default: a free one).")] = None) -> None:
+    """Start the broker and Redis in the background; `ldp stack down` stops them."""
+    from stream_app.stack import LocalStack, StackError
+
+    try:
+        with console.status("starting tansu and redis-server ..."):
+            info = LocalStack(run_dir=Path(run_dir), kafka_port=kafka_port, redis_port=redis_port).up()
+    except StackError as exc:
+        _fail(exc)
+    console.print(f"[green]stack up[/green] in {info.run_dir}\n  kafka  {info.kafka_bootstrap}\n  redis  {info.redis_url}")
+
+
+@stack_app.command("down")
+def stack_down(run_dir: RUN_DIR = ".run/stack") -> None:
+    """Stop the broker and Redis started by `ldp stack up`."""
+    from stream_app.stack import LocalStack, StackError
+
+    try:
+        LocalStack.from_run_dir(Path(run_dir)).down()
+    except StackError as exc:
+        _fail(exc)
+    console.print("[green]stack down[/green]")
+
+
+@stack_app.command("status")
+def stack_status(run_dir: RUN_DIR = ".run/stack") -> None:
+    """Show whether the broker and Redis run and answer."""
+    import json
+
+    from stream_app.stack import LocalStack, StackError
+
+    try:
+        st = LocalStack.from_run_dir(Path(run_dir)).status()
+    except StackError as exc:
+        _fail(exc)
+    console.print_json(json.dumps(st, default=str))
 
 
 def main() -> None:
