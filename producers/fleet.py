@@ -1,0 +1,530 @@
+"""A simulated device fleet and its Kafka publisher.
+
+One :class:`Fleet` simulates ``n_devices`` devices of one campaign in a single process: per
+attribute, one vectorized :class:`~producers.datasets.EvolvingPopulation` (the devices' true
+values) and one :class:`~estimators.MemoState` (row ``i`` = device ``i``'s memo). A step
+randomizes every device's value of every attribute with the protocol's numba kernel.
+
+:func:`publish` sends each step to Kafka: per ``(t, attribute)`` the reports are cut into
+batches of ``batch_size`` (one batch envelope = one Kafka message, key ``b"{t}:{attr}"``),
+followed by a watermark envelope with the same key, hence in the same partition and after
+the batches. Sends are pipelined (a bounded window of un-acked futures, ``acks="all"``).
+
+Determinism: every random draw comes from a generator seeded by ``(seed, attribute, purpose,
+t)``, so a fleet is a pure function of its config, and a fleet resumed from ``state_dir``
+continues exactly as the uninterrupted one would have (same values, same memo keys, same
+reports). Memo keys of simulated devices are derived from the seed, not from the OS CSPRNG
+(the device SDK, :mod:`producers.sdk`, uses the CSPRNG).
+
+State directory layout (``state_dir``)::
+
+    fleet.json              # committed pointer: campaign, fingerprint, n_devices, next_step, snapshot
+    step-000004/            # the snapshot after step 4: one file pair per attribute
+        <attr>.memo.npz     #   MemoState.save (keys + memoized bitset)
+        <attr>.values.npy   #   the population's current values (Syn evolution continues)
+
+A snapshot is written to a temporary directory, fsynced, renamed, and only then made current
+by atomically replacing ``fleet.json``; a crash at any point leaves the previous snapshot
+current and intact.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import tempfile
+import time
+import zlib
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from estimators import MemoState
+from estimators.base import FrequencyProtocol
+from estimators.campaign import Campaign
+from estimators.envelope import pack_reports, pack_watermark
+from estimators.errors import LDPError
+
+from .datasets import KINDS, EvolvingPopulation
+
+__all__ = ["FleetConfig", "Fleet", "StepData", "FleetSummary", "Progress", "FleetStateError", "PublishError",
+           "publish", "publish_sync", "ensure_topic"]
+
+_STATE_FORMAT = "ldp-stream/fleet-state"
+_STATE_VERSION = 1
+_ENVELOPE_OVERHEAD = 1024  # envelope header + names, generous
+
+# purposes of the derived generators
+_POPULATION, _KEYS, _EVOLVE, _RANDOMIZE = 0, 1, 2, 3
+
+
+class FleetStateError(LDPError):
+    """A fleet state directory that cannot be resumed with this configuration."""
+
+
+class PublishError(LDPError):
+    """The broker cannot be reached or refused the fleet's batches."""
+
+
+@dataclass
+class FleetConfig:
+    """What to simulate and how fast to send it.
+
+    ``first_step=None`` starts after the last step persisted in ``state_dir`` (or at 0);
+    ``rate`` is a target in reports per second (``None``: as fast as possible).
+    """
+
+    campaign: Campaign
+    n_devices: int
+    steps: int
+    dataset: str = "syn"
+    p_change: float = 0.25
+    base: str = "zipf"
+    batch_size: int = 50_000
+    rate: float | None = None
+    seed: int = 0
+    state_dir: Path | None = None
+    first_step: int | None = None
+    zipf_s: float = 1.1
+
+    def __post_init__(self) -> None:
+        if self.n_devices < 1:
+            raise ValueError(f"n_devices must be >= 1, got {self.n_devices}")
+        if self.steps < 0:
+            raise ValueError(f"steps must be >= 0, got {self.steps}")
+        if self.dataset not in KINDS:
+            raise ValueError(f"unknown dataset {self.dataset!r}; choose one of {', '.join(KINDS)}")
+        if self.base not in ("uniform", "zipf"):
+            raise ValueError(f"base must be 'uniform' or 'zipf', got {self.base!r}")
+        if not 1 <= self.batch_size <= self.campaign.max_batch_reports:
+            raise ValueError(f"batch_size must lie in [1, max_batch_reports={self.campaign.max_batch_reports}], "
+                             f"got {self.batch_size}")
+        if self.rate is not None and not self.rate > 0:
+            raise ValueError(f"rate must be > 0 reports/s (or None), got {self.rate}")
+        if self.first_step is not None and self.first_step < 0:
+            raise ValueError(f"first_step must be >= 0, got {self.first_step}")
+        if self.state_dir is not None:
+            self.state_dir = Path(self.state_dir)
+
+
+@dataclass
+class StepData:
+    """One attribute of one simulated time step."""
+
+    attribute: str
+    t: int
+    values: np.ndarray            # true values int64 (n,)
+    reports: np.ndarray           # randomized reports (n, ...) of the protocol's report dtype
+    true_frequencies: np.ndarray  # float (domain_size,)
+    support: np.ndarray           # proto.support(reports), int64 (support_size,)
+    n: int
+
+
+@dataclass
+class Progress:
+    """Passed to ``on_progress`` after every batch (and once per finished step)."""
+
+    t: int
+    attribute: str
+    step_index: int         # 0-based index of t among the steps to send
+    steps: int              # number of steps to send
+    reports_sent: int       # so far, all steps
+    reports_total: int      # n_devices * attributes * steps
+    batches: int
+    bytes_sent: int
+    seconds: float
+
+    @property
+    def rate(self) -> float:
+        return self.reports_sent / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass
+class FleetSummary:
+    """What :func:`publish` sent; ``per_step[(attr, t)] = {"n", "support", "true_frequencies"}``."""
+
+    reports_sent: int
+    batches: int
+    watermarks: int
+    bytes_sent: int
+    seconds: float
+    rate: float
+    steps: list[int] = field(default_factory=list)
+    per_step: dict[tuple[str, int], dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.bytes_sent / self.seconds / 1e6 if self.seconds > 0 else 0.0
+
+    def lines(self) -> list[str]:
+        """Human-readable summary lines (for the CLI)."""
+        return [f"reports sent : {self.reports_sent:,}",
+                f"batches      : {self.batches:,} (+{self.watermarks:,} watermarks)",
+                f"bytes        : {self.bytes_sent / 1e6:,.1f} MB",
+                f"time         : {self.seconds:,.2f} s",
+                f"rate         : {self.rate:,.0f} reports/s, {self.mb_per_s:,.1f} MB/s"]
+
+
+# --------------------------------------------------------------------------- helpers
+def _attr_tag(name: str) -> int:
+    """Stable per-attribute seed component (does not depend on attribute order)."""
+    return zlib.crc32(name.encode())
+
+
+def _value_dtype(k: int) -> np.dtype:
+    return np.dtype(np.uint8 if k <= 1 << 8 else np.uint16 if k <= 1 << 16 else np.uint32)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def true_frequencies(proto: FrequencyProtocol, values: np.ndarray) -> np.ndarray:
+    """Histogram of true values over the protocol's estimated domain (buckets for dBitFlipPM)."""
+    v = values
+    if proto.domain_size != proto.k and hasattr(proto, "bucket"):
+        v = proto.bucket(values)
+    return np.bincount(v, minlength=proto.domain_size).astype(np.float64) / max(len(v), 1)
+
+
+def report_nbytes(proto: FrequencyProtocol) -> int:
+    """Bytes of one encoded report."""
+    return int(np.dtype(proto.report_dtype).itemsize * int(np.prod(proto.report_shape, dtype=np.int64)))
+
+
+# --------------------------------------------------------------------------- the fleet
+class Fleet:
+    """``n_devices`` simulated devices of one campaign (all attributes, vectorized)."""
+
+    def __init__(self, config: FleetConfig) -> None:
+        self.config = config
+        self.campaign = config.campaign
+        self.attributes: list[str] = list(self.campaign.attributes)
+        self.populations: dict[str, EvolvingPopulation] = {}
+        self.states: dict[str, MemoState | None] = {}
+        n, seed = config.n_devices, config.seed
+        for name in self.attributes:
+            proto = self.proto(name)
+            tag = _attr_tag(name)
+            self.populations[name] = EvolvingPopulation(
+                n, proto.k, kind=config.dataset, p_change=config.p_change, base=config.base,  # type: ignore[arg-type]
+                zipf_s=config.zipf_s, rng=np.random.default_rng([seed, tag, _POPULATION]))
+            self.states[name] = proto.new_state(n, rng=np.random.default_rng([seed, tag, _KEYS]))
+        self.resumed = False
+        self.next_step = 0
+        if config.state_dir is not None:
+            self.resumed = self._load()
+        if config.first_step is not None:
+            self.next_step = config.first_step
+
+    # ------------------------------------------------------------------ basics
+    def proto(self, attribute: str) -> FrequencyProtocol:
+        return self.campaign.attribute(attribute).protocol
+
+    @property
+    def n_devices(self) -> int:
+        return self.config.n_devices
+
+    @property
+    def step_range(self) -> range:
+        """The time steps a full run (:meth:`run`, :func:`publish`) covers."""
+        return range(self.next_step, self.next_step + self.config.steps)
+
+    def memoized_counts(self, attribute: str) -> np.ndarray | None:
+        """Distinct memoized inputs per device (``None`` for memoryless protocols)."""
+        st = self.states[attribute]
+        return None if st is None else st.memoized_count()
+
+    def longitudinal_loss(self) -> np.ndarray:
+        """Per-device worst-case longitudinal ε so far, summed over attributes (memo protocols)."""
+        total = np.zeros(self.n_devices)
+        for name in self.attributes:
+            st = self.states[name]
+            if st is not None:
+                total += np.asarray(self.proto(name).longitudinal_loss(st.memoized_count()), dtype=np.float64)
+        return total
+
+    # ------------------------------------------------------------------ simulation
+    def randomize_attribute(self, name: str, t: int) -> StepData:
+        """Advance ``name``'s population to step ``t`` and randomize every device once."""
+        proto = self.proto(name)
+        tag = _attr_tag(name)
+        pop = self.populations[name]
+        pop.rng = np.random.default_rng([self.config.seed, tag, _EVOLVE, t])
+        pop.t = t - 1
+        values = pop.step().copy()
+        rng = np.random.default_rng([self.config.seed, tag, _RANDOMIZE, t])
+        reports = proto.randomize(values, rng, state=self.states[name])
+        return StepData(name, t, values, reports, true_frequencies(proto, values),
+                        proto.support(reports), int(values.shape[0]))
+
+    def step(self, t: int | None = None, *, persist: bool = True) -> dict[str, StepData]:
+        """Simulate time step ``t`` (default: :attr:`next_step`) for every attribute.
+
+        With a ``state_dir`` and ``persist``, the memo states and values are committed to
+        disk afterwards (``publish`` commits only once the step's batches are acknowledged).
+        """
+        t = self.next_step if t is None else int(t)
+        out = {name: self.randomize_attribute(name, t) for name in self.attributes}
+        self.next_step = t + 1
+        if persist:
+            self.commit(t)
+        return out
+
+    def run(self) -> Iterator[tuple[int, dict[str, StepData]]]:
+        """Simulate every step of :attr:`step_range` offline (no broker)."""
+        for t in self.step_range:
+            yield t, self.step(t)
+
+    # ------------------------------------------------------------------ persistence
+    def _meta(self, t: int, snapshot: str) -> dict[str, Any]:
+        c = self.config
+        return {"format": _STATE_FORMAT, "version": _STATE_VERSION, "campaign": self.campaign.id,
+                "fingerprint": self.campaign.fingerprint, "n_devices": c.n_devices,
+                "attributes": self.attributes, "dataset": c.dataset, "base": c.base,
+                "p_change": c.p_change, "seed": c.seed, "last_step": t, "next_step": t + 1,
+                "snapshot": snapshot, "saved_at": time.time()}
+
+    def commit(self, t: int) -> None:
+        """Persist every attribute's memo state and values as the state after step ``t``."""
+        root = self.config.state_dir
+        if root is None:
+            return
+        root.mkdir(parents=True, exist_ok=True)
+        name = f"step-{t:06d}"
+        tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=root))
+        try:
+            for attr in self.attributes:
+                st = self.states[attr]
+                if st is not None:
+                    st.save(tmp / f"{attr}.memo.npz")
+                vals = self.populations[attr].values
+                if vals is not None:
+                    with open(tmp / f"{attr}.values.npy", "wb") as f:
+                        np.save(f, vals.astype(_value_dtype(self.proto(attr).k)))
+                        f.flush()
+                        os.fsync(f.fileno())
+            _fsync_dir(tmp)
+            final = root / name
+            if final.exists():
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+            _fsync_dir(root)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        _atomic_write(root / "fleet.json", json.dumps(self._meta(t, name), indent=1).encode())
+        for old in root.iterdir():  # older snapshots and crashed temporaries
+            if old.is_dir() and old.name != name and (old.name.startswith("step-") or old.name.startswith(".step-")):
+                shutil.rmtree(old, ignore_errors=True)
+
+    def _load(self) -> bool:
+        root = self.config.state_dir
+        assert root is not None
+        meta_path = root / "fleet.json"
+        if not meta_path.exists():
+            return False
+        try:
+            meta = json.loads(meta_path.read_text())
+        except (OSError, ValueError) as exc:
+            raise FleetStateError(f"cannot read {meta_path}: {exc}") from exc
+        if meta.get("format") != _STATE_FORMAT or meta.get("version") != _STATE_VERSION:
+            raise FleetStateError(f"{meta_path} is not a version-{_STATE_VERSION} fleet state")
+        if meta.get("campaign") != self.campaign.id or meta.get("fingerprint") != self.campaign.fingerprint:
+            raise FleetStateError(f"{root} holds the state of campaign {meta.get('campaign')!r} "
+                                  f"(fingerprint {meta.get('fingerprint')}), not of {self.campaign.id!r} "
+                                  f"({self.campaign.fingerprint}); use another state directory")
+        if meta.get("n_devices") != self.n_devices:
+            raise FleetStateError(f"{root} holds {meta.get('n_devices')} devices, the fleet has {self.n_devices}")
+        snap = root / str(meta["snapshot"])
+        for attr in self.attributes:
+            proto = self.proto(attr)
+            if self.states[attr] is not None:
+                self.states[attr] = MemoState.load(snap / f"{attr}.memo.npz", fingerprint=proto.fingerprint)
+            vpath = snap / f"{attr}.values.npy"
+            if vpath.exists():
+                vals = np.load(vpath, allow_pickle=False).astype(np.int64)
+                if vals.shape != (self.n_devices,) or (vals.size and int(vals.max()) >= proto.k):
+                    raise FleetStateError(f"{vpath} does not hold {self.n_devices} values of [0, {proto.k})")
+                pop = self.populations[attr]
+                pop.values = vals
+                pop.t = int(meta["last_step"])
+        self.next_step = int(meta["next_step"])
+        return True
+
+
+# --------------------------------------------------------------------------- publishing
+async def ensure_topic(bootstrap: str, topic: str, partitions: int) -> bool:
+    """Create ``topic`` with ``partitions`` partitions unless it exists; True if created."""
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+    from aiokafka.errors import TopicAlreadyExistsError
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        if topic in await admin.list_topics():
+            return False
+        try:
+            resp = await admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])
+        except TopicAlreadyExistsError:
+            return False
+        for entry in getattr(resp, "topic_errors", []):
+            if entry[1] == 36:
+                return False
+            if entry[1] != 0:
+                raise LDPError(f"cannot create topic {topic!r}: {entry}")
+        return True
+    finally:
+        await admin.close()
+
+
+ProgressHook = Callable[[Progress], Any]
+
+
+async def publish(fleet_or_config: Fleet | FleetConfig, bootstrap: str, topic: str = "ldp.reports", *,
+                  on_progress: ProgressHook | None = None, keep_supports: bool = True,
+                  partitions: int | None = None, window_bytes: int = 64 << 20,
+                  window_messages: int = 256, linger_ms: int = 5,
+                  producer_options: dict[str, Any] | None = None) -> FleetSummary:
+    """Simulate and send every step of the fleet; returns what was sent.
+
+    ``partitions``: create ``topic`` with that many partitions first if it does not exist.
+    At most ``window_bytes`` / ``window_messages`` are awaiting acknowledgement at a time.
+    ``on_progress`` may be a plain function or a coroutine function.
+    """
+    from aiokafka import AIOKafkaProducer
+    from aiokafka.errors import KafkaError
+
+    fleet = fleet_or_config if isinstance(fleet_or_config, Fleet) else Fleet(fleet_or_config)
+    cfg = fleet.config
+    campaign = fleet.campaign
+    steps = list(fleet.step_range)
+    max_msg = max(report_nbytes(fleet.proto(a)) for a in fleet.attributes) * cfg.batch_size + _ENVELOPE_OVERHEAD
+    if partitions is not None:
+        await ensure_topic(bootstrap, topic, partitions)
+    options = dict(bootstrap_servers=bootstrap, acks="all", linger_ms=linger_ms, compression_type=None,
+                   max_request_size=max(1 << 20, 2 * max_msg), max_batch_size=1 << 20,
+                   request_timeout_ms=60_000)
+    options.update(producer_options or {})
+    producer = AIOKafkaProducer(**options)
+    try:
+        await producer.start()
+    except KafkaError as exc:
+        await producer.stop()
+        raise PublishError(f"cannot start a Kafka producer on {bootstrap}: {exc}") from exc
+
+    summary = FleetSummary(0, 0, 0, 0, 0.0, 0.0, steps=steps)
+    total = cfg.n_devices * len(fleet.attributes) * len(steps)
+    inflight: deque[tuple[asyncio.Future, int]] = deque()
+    inflight_bytes = 0
+
+    async def drain(limit_bytes: int, limit_msgs: int) -> None:
+        nonlocal inflight_bytes
+        while inflight and (inflight_bytes > limit_bytes or len(inflight) > limit_msgs):
+            fut, size = inflight.popleft()
+            try:
+                await fut
+            except KafkaError as exc:
+                raise PublishError(f"the broker at {bootstrap} refused a batch of topic {topic!r}: {exc}") from exc
+            inflight_bytes -= size
+
+    async def report(t: int, attr: str, i: int) -> None:
+        if on_progress is None:
+            return
+        res = on_progress(Progress(t, attr, i, len(steps), summary.reports_sent, total, summary.batches,
+                                   summary.bytes_sent, time.perf_counter() - start))
+        if asyncio.iscoroutine(res):
+            await res
+
+    async def send(key: bytes, blob: bytes) -> None:
+        nonlocal inflight_bytes
+        try:
+            fut = await producer.send(topic, blob, key=key)
+        except KafkaError as exc:
+            raise PublishError(f"cannot send a {len(blob):,}-byte batch to {topic!r} on {bootstrap}: {exc}") from exc
+        inflight.append((fut, len(blob)))
+        inflight_bytes += len(blob)
+        summary.bytes_sent += len(blob)
+        await drain(window_bytes, window_messages)
+
+    # Randomization (numba, GIL released) of the next (t, attr) runs in a worker thread while
+    # the current one is sent. It never crosses a step boundary when the state is persisted:
+    # a committed snapshot must hold exactly the state after its step.
+    items = [(i, t, attr) for i, t in enumerate(steps) for attr in fleet.attributes]
+    loop = asyncio.get_running_loop()
+    executor = ThreadPoolExecutor(1, thread_name_prefix="ldp-fleet")
+
+    def compute(j: int) -> asyncio.Future:
+        _, t, attr = items[j]
+        return loop.run_in_executor(executor, fleet.randomize_attribute, attr, t)
+
+    start = time.perf_counter()
+    ahead: asyncio.Future | None = None
+    try:
+        for j, (i, t, attr) in enumerate(items):
+            data = await (ahead if ahead is not None else compute(j))
+            ahead = None
+            if j + 1 < len(items) and (cfg.state_dir is None or items[j + 1][1] == t):
+                ahead = compute(j + 1)
+            key = f"{t}:{attr}".encode()
+            for lo in range(0, data.n, cfg.batch_size):
+                chunk = data.reports[lo:lo + cfg.batch_size]
+                await send(key, pack_reports(campaign, attr, t, chunk))
+                summary.reports_sent += len(chunk)
+                summary.batches += 1
+                if cfg.rate is not None:
+                    wait = summary.reports_sent / cfg.rate - (time.perf_counter() - start)
+                    if wait > 0:
+                        await asyncio.sleep(wait)
+                await report(t, attr, i)
+            await send(key, pack_watermark(campaign, attr, t))
+            summary.watermarks += 1
+            if keep_supports:
+                summary.per_step[(attr, t)] = {"n": data.n, "support": data.support,
+                                               "true_frequencies": data.true_frequencies}
+            del data
+            if attr == fleet.attributes[-1]:  # end of step t
+                fleet.next_step = t + 1
+                if cfg.state_dir is not None:
+                    await drain(-1, -1)  # the whole step is acknowledged ...
+                    fleet.commit(t)      # ... before its memo state is committed
+                await report(t, attr, i)
+        await drain(-1, -1)
+    finally:
+        if ahead is not None:
+            await asyncio.gather(ahead, return_exceptions=True)
+        executor.shutdown(wait=True)
+        await producer.stop()
+    summary.seconds = time.perf_counter() - start
+    summary.rate = summary.reports_sent / summary.seconds if summary.seconds > 0 else 0.0
+    return summary
+
+
+def publish_sync(fleet_or_config: Fleet | FleetConfig, bootstrap: str, topic: str = "ldp.reports",
+                 **kwargs: Any) -> FleetSummary:
+    """:func:`publish` from synchronous code."""
+    return asyncio.run(publish(fleet_or_config, bootstrap, topic, **kwargs))
