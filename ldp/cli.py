@@ -1,6 +1,7 @@
 """The ``ldp`` command: ``ldp demo``, ``ldp protocols``, ``ldp audit``, ``ldp bench protocols``."""
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 from typing import Annotated, Optional
@@ -262,6 +263,63 @@ def _time_ours(p: estimators.FrequencyProtocol, n: int, repeats: int, seed: int)
         t2 = time.perf_counter()
         best_r, best_a = min(best_r, t1 - t0), min(best_a, t2 - t1)
     return n / best_r, n / best_a
+
+
+def _stack_addresses(kafka: str | None, redis_url: str | None, need_redis: bool = True,
+                     run_dir: str = ".run/stack") -> tuple[str, str | None]:
+    """Broker and Redis addresses: the options, else those of `ldp stack up`."""
+    if kafka and (redis_url or not need_redis):
+        return kafka, redis_url
+    from stream_app.stack import LocalStack, StackError
+
+    try:
+        info = LocalStack.from_run_dir(Path(run_dir)).info
+    except StackError:
+        _fail(LDPError("no --kafka given and no local stack running (start one with `ldp stack up`)"))
+    return kafka or info.kafka_bootstrap, redis_url or info.redis_url
+
+
+CAMPAIGN = Annotated[Path, typer.Option("--campaign", "-c", help="Campaign file (TOML).", exists=True, dir_okay=False)]
+KAFKA = Annotated[Optional[str], typer.Option("--kafka", help="Kafka bootstrap host:port (default: `ldp stack up`'s).")]
+REDIS = Annotated[Optional[str], typer.Option("--redis", help="Redis URL (default: `ldp stack up`'s).")]
+
+
+@app.command()
+def produce(campaign: CAMPAIGN = Path("deploy/campaigns/demo.toml"), kafka: KAFKA = None,
+            devices: Annotated[int, typer.Option(help="Simulated devices.")] = 100_000,
+            steps: Annotated[int, typer.Option(help="Time steps to send.")] = 5,
+            dataset: Annotated[str, typer.Option(help="uniform, zipf or syn.")] = "syn",
+            p_change: Annotated[float, typer.Option(help="Per-step change probability (syn).")] = 0.25,
+            batch_size: Annotated[int, typer.Option(help="Reports per Kafka message.")] = 50_000,
+            rate: Annotated[Optional[float], typer.Option(help="Target reports/s (default: as fast as possible).")] = None,
+            state_dir: Annotated[Optional[Path], typer.Option(help="Persist the fleet's memo state here (resumable).")] = None,
+            partitions: Annotated[int, typer.Option(help="Partitions of ldp.reports if it must be created.")] = 4,
+            seed: SEED = 0) -> None:
+    """Simulate a device fleet and publish its randomized reports to ldp.reports."""
+    from estimators.campaign import Campaign, CampaignError
+    from producers.fleet import FleetConfig, PublishError, publish
+
+    bootstrap, _ = _stack_addresses(kafka, None, need_redis=False)
+    try:
+        camp = Campaign.load(campaign)
+        cfg = FleetConfig(camp, devices, steps, dataset=dataset, p_change=p_change, batch_size=batch_size,
+                          rate=rate, seed=seed, state_dir=state_dir)
+    except (CampaignError, ValueError) as exc:
+        _fail(exc)
+    total = devices * steps * len(camp.attributes)
+    console.print(f"fleet of {devices:,} devices x {len(camp.attributes)} attributes x {steps} steps "
+                  f"= {total:,} reports → {bootstrap}")
+    with progress() as bar:
+        task = bar.add_task("publishing", total=total)
+
+        def hook(p) -> None:
+            bar.update(task, completed=p.reports_sent, description=f"step {p.t} {p.attribute} {p.rate / 1e6:.1f}M/s")
+        try:
+            summary = asyncio.run(publish(cfg, bootstrap, on_progress=hook, keep_supports=False, partitions=partitions))
+        except PublishError as exc:
+            _fail(exc)
+    for line in summary.lines():
+        console.print("  " + line)
 
 
 @stack_app.command("up")
