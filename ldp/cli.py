@@ -322,6 +322,25 @@ def produce(campaign: CAMPAIGN = Path("deploy/campaigns/demo.toml"), kafka: KAFK
         console.print("  " + line)
 
 
+@app.command()
+def worker(campaign: Annotated[list[Path], typer.Option("--campaign", "-c", help="Campaign file (repeatable).",
+                                                          exists=True, dir_okay=False)],
+           kafka: KAFKA = None, redis: REDIS = None,
+           web_port: Annotated[Optional[int], typer.Option(help="HTTP API / metrics port (default: a free one).")] = None,
+           web_bind: Annotated[Optional[str], typer.Option(help="Bind address (0.0.0.0 in containers).")] = None,
+           partitions: Annotated[int, typer.Option(help="Partitions of ldp.reports.")] = 4,
+           refresh: Annotated[float, typer.Option(help="Estimator refresh period (s).")] = 1.0,
+           session_timeout: Annotated[Optional[float], typer.Option(help="Consumer-group session timeout (s).")] = None,
+           app_id: Annotated[str, typer.Option(help="Faust app id (= consumer group).")] = "ldp-stream",
+           loglevel: Annotated[str, typer.Option(help="Log level.")] = "warning") -> None:
+    """Run a stream-app worker: count reports into Redis, publish estimates, serve the API."""
+    from stream_app.worker import run_worker
+
+    bootstrap, redis_url = _stack_addresses(kafka, redis)
+    run_worker(list(campaign), bootstrap, redis_url, web_port, loglevel, app_id=app_id, partitions=partitions,
+               refresh_seconds=refresh, session_timeout=session_timeout, web_bind=web_bind)
+
+
 @stack_app.command("up")
 def stack_up(run_dir: RUN_DIR = ".run/stack",
              kafka_port: Annotated[Optional[int], typer.Option(help="Broker port (default: a free one).")] = None,
