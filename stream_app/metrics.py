@@ -1,0 +1,90 @@
+"""Prometheus metrics of one stream-app instance (one registry per app, so several apps can live
+in one process, e.g. in tests).
+
+Counters (``ldp_reports_total``, ``ldp_rejected_batches_total``) are per worker: Prometheus sums
+them over the instances of a consumer group. The estimate gauges (frequencies, step ``n``,
+privacy figures, estimate latency) are written only by the worker that holds the estimator lease
+(see :mod:`stream_app.estimator`), so exactly one instance exports them at a time.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+__all__ = ["CONTENT_TYPE", "Metrics"]
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+_LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0)
+
+
+class Metrics:
+    """All metrics of the pipeline, registered in a private :class:`CollectorRegistry`."""
+
+    def __init__(self, rate_window: float = 5.0) -> None:
+        self.registry = r = CollectorRegistry()
+        ca = ["campaign", "attribute"]
+        self.reports_total = Counter("ldp_reports_total", "Reports counted into Redis (first application only).",
+                                     ca, registry=r)
+        self.batches_total = Counter("ldp_batches_total", "Batches applied to Redis (duplicates excluded).",
+                                     ca, registry=r)
+        self.duplicate_batches_total = Counter(
+            "ldp_duplicate_batches_total", "Redelivered batches skipped by the offset check.", ca, registry=r)
+        self.watermarks_total = Counter("ldp_watermarks_total", "Watermarks applied.", ca, registry=r)
+        self.rejected_total = Counter("ldp_rejected_batches_total", "Batches (or HTTP reports) rejected, by reason.",
+                                      ["reason"], registry=r)
+        self.http_reports_total = Counter("ldp_http_reports_total", "Single reports accepted by POST /reports.",
+                                          ca, registry=r)
+        self.reports_per_second = Gauge("ldp_reports_per_second",
+                                        f"Reports counted per second by this worker ({rate_window:g} s window).",
+                                        registry=r)
+        self.consumer_lag = Gauge("ldp_consumer_lag", "Messages behind the partition high-water mark.",
+                                  ["partition"], registry=r)
+        self.consumer_lag_seconds = Gauge("ldp_consumer_lag_seconds",
+                                          "Processing time minus produce timestamp of the last batch.",
+                                          ["partition"], registry=r)
+        self.estimated_frequency = Gauge("ldp_estimated_frequency",
+                                         "Estimated frequency (unbiased, raw) of each value at the latest step.",
+                                         ["campaign", "attribute", "value"], registry=r)
+        self.step_reports = Gauge("ldp_step_reports", "Reports n of the latest step.", ca, registry=r)
+        self.latest_step = Gauge("ldp_latest_step", "Latest time step t with an estimate.", ca, registry=r)
+        self.eps_first = Gauge("ldp_eps_first", "epsilon of a single report (eps_1).", ca, registry=r)
+        self.eps_inf = Gauge("ldp_eps_inf", "epsilon of one memoized value (eps_inf).", ca, registry=r)
+        self.eps_longitudinal_worst = Gauge(
+            "ldp_eps_longitudinal_worst", "Worst-case longitudinal epsilon of a device so far (latest step).",
+            ca, registry=r)
+        self.estimate_latency = Histogram(
+            "ldp_estimate_latency_seconds",
+            "Final estimate publication time minus the step's last input (last batch or watermark).",
+            ["trigger"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.estimates_published = Counter("ldp_estimates_published_total", "Estimates published.",
+                                           ["final"], registry=r)
+        self.estimator_leader = Gauge("ldp_estimator_leader", "1 while this worker holds the estimator lease.",
+                                      registry=r)
+        self._rate_window = rate_window
+        self._rate_events: deque[tuple[float, int]] = deque()
+        self._rate_sum = 0
+
+    # ------------------------------------------------------------------ helpers
+    def count_reports(self, n: int, now: float | None = None) -> None:
+        """Feed the sliding-window reports/s gauge."""
+        now = time.monotonic() if now is None else now
+        self._rate_events.append((now, n))
+        self._rate_sum += n
+        self.update_rate(now)
+
+    def update_rate(self, now: float | None = None) -> float:
+        now = time.monotonic() if now is None else now
+        lo = now - self._rate_window
+        ev = self._rate_events
+        while ev and ev[0][0] < lo:
+            self._rate_sum -= ev.popleft()[1]
+        rate = self._rate_sum / self._rate_window
+        self.reports_per_second.set(rate)
+        return rate
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition of this registry."""
+        self.update_rate()
+        return generate_latest(self.registry)
