@@ -26,9 +26,9 @@ CAMPAIGN = Path(__file__).parent / "data" / "e2e.toml"
 DEVICES, STEPS = 100_000, 5
 
 
-def _fleet(batch_size: int = 20_000, seed: int = 1) -> FleetConfig:
+def _fleet(batch_size: int = 20_000, seed: int = 1, rate: float | None = None) -> FleetConfig:
     return FleetConfig(Campaign.load(CAMPAIGN), DEVICES, STEPS, dataset="syn", p_change=0.25, base="zipf",
-                       batch_size=batch_size, seed=seed)
+                       batch_size=batch_size, seed=seed, rate=rate)
 
 
 def _expected(summary) -> dict[tuple[str, int], tuple[np.ndarray, int]]:
@@ -108,9 +108,8 @@ def test_exactly_once_after_sigkill(local_stack, tmp_path, workers: int) -> None
                 if not killed.is_set() and p.reports_sent >= 0.4 * p.reports_total:
                     victim.kill()
                     killed.set()
-            summary = await publish(_fleet(batch_size=5_000, seed=2), local_stack.info.kafka_bootstrap,
-                                    topic=f"{app_id}.ldp.reports", partitions=4, on_progress=on_progress,
-                                    rate=400_000)
+            summary = await publish(_fleet(batch_size=5_000, seed=2, rate=400_000), local_stack.info.kafka_bootstrap,
+                                    topic=f"{app_id}.ldp.reports", partitions=4, on_progress=on_progress)
             assert killed.is_set()
             return summary
 
