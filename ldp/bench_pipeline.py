@@ -99,3 +99,131 @@ async def raw_broker_rate(bootstrap: str, work: Workload, partitions: int = 4) -
     finally:
         await consumer.stop()
         await producer.stop()
+
+
+@dataclass
+class PipelineResult:
+    rate: float                    # reports/s, first send -> last final estimate
+    latencies: list[float]         # per step: watermark sent -> final estimate received
+    seconds: float
+
+    @property
+    def p95_latency(self) -> float:
+        return float(np.percentile(self.latencies, 95)) if self.latencies else float("nan")
+
+
+async def pipeline_rate(bootstrap: str, work: Workload, topic_prefix: str, timeout: float = 300.0) -> PipelineResult:
+    """Send the workload to ``{prefix}ldp.reports`` (a watermark after each step) and wait for
+    every step's final estimate on ``{prefix}ldp.estimates``."""
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+    import json
+
+    reports_topic, estimates_topic = f"{topic_prefix}ldp.reports", f"{topic_prefix}ldp.estimates"
+    max_bytes = max(len(b) for s in work.steps for b in s) + 1024
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", max_request_size=max(max_bytes, 1 << 20),
+                                linger_ms=5)
+    consumer = AIOKafkaConsumer(estimates_topic, bootstrap_servers=bootstrap, auto_offset_reset="latest",
+                                enable_auto_commit=False)
+    await producer.start()
+    await consumer.start()
+    await consumer.seek_to_end()
+    marks_sent: dict[int, float] = {}
+    finals: dict[int, float] = {}
+    try:
+        t0 = time.perf_counter()
+
+        async def send() -> None:
+            futs = []
+            for batches, mark in zip(work.steps, work.watermarks):
+                t = envelope.parse(mark).t
+                key = f"{t}:{work.attribute}".encode()
+                for blob in batches:
+                    futs.append(await producer.send(reports_topic, blob, key=key))
+                await asyncio.gather(*futs)
+                futs = []
+                await producer.send_and_wait(reports_topic, mark, key=key)
+                marks_sent[t] = time.perf_counter()
+
+        sender = asyncio.create_task(send())
+        deadline = t0 + timeout
+        while len(finals) < len(work.steps):
+            if time.perf_counter() > deadline:
+                raise TimeoutError(f"only {len(finals)} of {len(work.steps)} final estimates after {timeout} s")
+            for recs in (await consumer.getmany(timeout_ms=200)).values():
+                now = time.perf_counter()
+                for r in recs:
+                    doc = json.loads(r.value)
+                    if doc.get("campaign") == work.campaign.id and doc.get("final") and doc["t"] not in finals:
+                        finals[int(doc["t"])] = now
+        await sender
+        end = max(finals.values())
+        return PipelineResult(work.reports / (end - t0), [finals[t] - marks_sent[t] for t in sorted(finals)], end - t0)
+    finally:
+        await consumer.stop()
+        await producer.stop()
+
+
+def run_bench(protocol: str, k: int, steps: int, reports_per_step: int, batch: int, workers: int = 1,
+              on_status=print, **params) -> dict:
+    """Stack up, workers up, warm-up step, then raw broker and pipeline on the same workload."""
+    import tempfile
+    from pathlib import Path
+
+    from stream_app.stack import LocalStack
+    from stream_app.worker import WorkerProcess
+
+    run = Path(tempfile.mkdtemp(prefix="ldp-bench-"))
+    on_status(f"{protocol} k={k}: encoding {steps} x {reports_per_step:,} reports in batches of {batch:,}")
+    work = make_workload(protocol, k, steps, reports_per_step, batch, **params)
+    warm = make_workload(protocol, k, 1, batch, batch, seed=1, campaign_id=work.campaign.id, **params)
+    camp_file = run / "bench.toml"
+    _write_campaign(camp_file, work)
+    with LocalStack(run_dir=run / "stack") as info:
+        prefix = f"bench{uuid.uuid4().hex[:6]}."
+        procs = [WorkerProcess([camp_file], info.kafka_bootstrap, info.redis_url, app_id=prefix.rstrip("."),
+                               topic_prefix=prefix, refresh_seconds=0.05, session_timeout=3.0, run_dir=run,
+                               name=f"w{i}").start() for i in range(workers)]
+        try:
+            for p in procs:
+                p.wait_ready(timeout=120)
+            on_status("warm-up step (numba compilation in the workers)")
+            asyncio.run(pipeline_rate(info.kafka_bootstrap, warm, prefix))
+            work = _shift_steps(work, 1)
+            on_status("raw broker: produce + consume the same bytes")
+            raw = asyncio.run(raw_broker_rate(info.kafka_bootstrap, work))
+            on_status("pipeline: produce -> workers -> Redis -> final estimates")
+            res = asyncio.run(pipeline_rate(info.kafka_bootstrap, work, prefix))
+        finally:
+            for p in procs:
+                p.stop()
+    return {"protocol": protocol, "k": k, "reports": work.reports, "bytes": work.nbytes, "raw_rate": raw,
+            "pipeline_rate": res.rate, "ratio": res.rate / raw, "p95_latency": res.p95_latency,
+            "latencies": res.latencies, "workers": workers}
+
+
+def _write_campaign(path, work: Workload) -> None:
+    """The workload's campaign as a TOML file for the worker processes."""
+    src = work.campaign.source
+    head, attrs = src["campaign"], src["attributes"]
+
+    def val(v):
+        return f'"{v}"' if isinstance(v, str) else repr(v)
+    lines = ["[campaign]"] + [f"{k} = {val(v)}" for k, v in head.items()]
+    for a in attrs:
+        lines += ["", "[[attributes]]"] + [f"{k} = {val(v)}" for k, v in a.items()]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def _shift_steps(work: Workload, by: int) -> Workload:
+    """Re-encode the envelopes' time steps as ``t + by`` (after the warm-up step)."""
+    steps, marks = [], []
+    for t, batches in enumerate(work.steps):
+        new = []
+        for blob in batches:
+            env = envelope.parse(blob)
+            new.append(envelope.pack(env.campaign, env.attribute, env.protocol, env.fingerprint, t + by, env.count,
+                                     bytes(env.payload)))
+        steps.append(new)
+        marks.append(envelope.pack_watermark(work.campaign, work.attribute, t + by))
+    return Workload(work.campaign, work.attribute, steps, marks, work.reports, work.nbytes)
