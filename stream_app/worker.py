@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["WorkerProcess", "main", "read_counts", "run_worker", "wait_for_counts"]
+__all__ = ["WorkerProcess", "main", "read_counts", "run_worker", "unique_campaign_file", "wait_for_counts"]
 
 
 def run_worker(campaign_paths: list[Path], kafka_bootstrap: str, redis_url: str, web_port: int | None = None,
@@ -161,6 +161,30 @@ def _http_ok(info: dict[str, Any]) -> bool:
             return resp.status == 200
     except OSError:
         return False
+
+
+def unique_campaign_file(path: Path, dest_dir: Path, suffix: str | None = None) -> Path:
+    """Copy a campaign file under a new id ``"{id}-{suffix}"`` (random suffix by default).
+
+    Redis keys are per campaign id and the offset check is per (key, partition): tests that share
+    one Redis but use fresh topics (offsets restarting at 0) must not share a campaign id, or the
+    new batches are skipped as already applied."""
+    import re
+    import uuid
+
+    from estimators.campaign import Campaign
+
+    old = Campaign.load(path).id
+    new = f"{old}-{suffix or uuid.uuid4().hex[:8]}"
+    text, n = re.subn(r'(?m)^(\s*id\s*=\s*)(["\'])' + re.escape(old) + r"\2", rf"\g<1>\g<2>{new}\g<2>",
+                      Path(path).read_text(), count=1)
+    if n != 1:
+        raise ValueError(f"cannot find the id line of campaign {old!r} in {path}")
+    out = Path(dest_dir) / f"{Path(path).stem}-{new}.toml"
+    out.write_text(text)
+    if Campaign.load(out).id != new:  # pragma: no cover - the regex hit another table's id
+        raise ValueError(f"rewriting the id of {path} failed")
+    return out
 
 
 def read_counts(redis_url: str, campaign: str, attribute: str, t: int, size: int) -> tuple[np.ndarray, int]:

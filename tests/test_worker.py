@@ -23,7 +23,7 @@ import pytest
 
 from estimators import envelope
 from estimators.campaign import Campaign
-from stream_app.worker import WorkerProcess, read_counts, wait_for_counts
+from stream_app.worker import WorkerProcess, read_counts, unique_campaign_file, wait_for_counts
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -31,15 +31,6 @@ DEMO = Path(__file__).resolve().parent.parent / "deploy" / "campaigns" / "demo.t
 
 
 # ---------------------------------------------------------------------------- helpers
-def _campaign_file(dirpath: Path, tag: str, **head: Any) -> Path:
-    text = DEMO.read_text().replace('id = "fleet-health"', f'id = "fh-{tag}"')
-    for key, value in head.items():
-        text = re.sub(rf"(?m)^{key} = .*$", f"{key} = {value}", text)
-    path = dirpath / f"campaign-{tag}.toml"
-    path.write_text(text)
-    return path
-
-
 async def _produce(bootstrap: str, topic: str, msgs: list[tuple[bytes, bytes]]) -> None:
     from aiokafka import AIOKafkaProducer
 
@@ -123,7 +114,7 @@ def env(local_stack, tmp_path_factory):
     info = local_stack.info
     tag = uuid.uuid4().hex[:8]
     run_dir = tmp_path_factory.mktemp("worker")
-    cfile = _campaign_file(run_dir, tag)
+    cfile = unique_campaign_file(DEMO, run_dir, tag)
     worker = WorkerProcess([cfile], info.kafka_bootstrap, info.redis_url, app_id=f"ldp-test-{tag}",
                            topic_prefix=f"{tag}.", session_timeout=6.0, refresh_seconds=0.5, run_dir=run_dir)
     worker.start()
@@ -360,7 +351,7 @@ def test_lateness_finalization_revisions_and_lease(local_stack, tmp_path):
     from stream_app.store import CountStore
 
     tag = uuid.uuid4().hex[:8]
-    c = Campaign.load(_campaign_file(tmp_path, tag))
+    c = Campaign.load(unique_campaign_file(DEMO, tmp_path, tag))
     proto = c.attributes["opt_in"].protocol
     redis_url = local_stack.info.redis_url
     T, L = c.time_step_seconds, c.lateness_seconds
@@ -423,7 +414,7 @@ def test_redelivered_offsets_are_not_counted(local_stack, tmp_path):
     from stream_app.app import Pipeline, Topics
 
     tag = uuid.uuid4().hex[:8]
-    c = Campaign.load(_campaign_file(tmp_path, tag))
+    c = Campaign.load(unique_campaign_file(DEMO, tmp_path, tag))
     proto = c.attributes["app_version"].protocol
     rng = np.random.default_rng(3)
     reports = proto.randomize(rng.integers(0, proto.k, 5000), rng, state=proto.new_state(5000))
