@@ -15,7 +15,7 @@ import numpy as np
 from estimators import envelope as E
 from estimators.campaign import Campaign
 from stream_app.app import Topics
-from stream_app.worker import WorkerProcess, wait_for_counts
+from stream_app.worker import WorkerProcess, unique_campaign_file, wait_for_counts
 
 CAMPAIGN = Path(__file__).parent / "data" / "e2e.toml"
 ATTR = "app_version"
@@ -84,11 +84,12 @@ def _metric(text: str, reason: str) -> float:
 
 
 def test_bad_input_is_rejected_and_never_counted(local_stack, tmp_path) -> None:
-    campaign = Campaign.load(CAMPAIGN)
+    path = unique_campaign_file(CAMPAIGN, tmp_path)
+    campaign = Campaign.load(path)
     app_id = f"bad-{uuid.uuid4().hex[:6]}"
     topics = Topics.with_prefix(f"{app_id}.")
     boot, redis_url = local_stack.info.kafka_bootstrap, local_stack.info.redis_url
-    with WorkerProcess([CAMPAIGN], boot, redis_url, app_id=app_id, topic_prefix=f"{app_id}.",
+    with WorkerProcess([path], boot, redis_url, app_id=app_id, topic_prefix=f"{app_id}.",
                        refresh_seconds=0.2, session_timeout=3.0, run_dir=tmp_path) as w:
         first, c1 = _batch(campaign, 0, 2000, seed=1)
         last, c2 = _batch(campaign, 0, 3000, seed=2)

@@ -20,14 +20,14 @@ import pytest
 
 from estimators.campaign import Campaign
 from producers.fleet import FleetConfig, publish
-from stream_app.worker import WorkerProcess, wait_for_counts
+from stream_app.worker import WorkerProcess, unique_campaign_file, wait_for_counts
 
 CAMPAIGN = Path(__file__).parent / "data" / "e2e.toml"
 DEVICES, STEPS = 100_000, 5
 
 
-def _fleet(batch_size: int = 20_000, seed: int = 1, rate: float | None = None) -> FleetConfig:
-    return FleetConfig(Campaign.load(CAMPAIGN), DEVICES, STEPS, dataset="syn", p_change=0.25, base="zipf",
+def _fleet(campaign: Path, batch_size: int = 20_000, seed: int = 1, rate: float | None = None) -> FleetConfig:
+    return FleetConfig(Campaign.load(campaign), DEVICES, STEPS, dataset="syn", p_change=0.25, base="zipf",
                        batch_size=batch_size, seed=seed, rate=rate)
 
 
@@ -35,29 +35,29 @@ def _expected(summary) -> dict[tuple[str, int], tuple[np.ndarray, int]]:
     return {key: (v["support"], v["n"]) for key, v in summary.per_step.items()}
 
 
-def _worker(stack, app_id: str, run_dir: Path, name: str = "worker") -> WorkerProcess:
-    return WorkerProcess([CAMPAIGN], stack.info.kafka_bootstrap, stack.info.redis_url, app_id=app_id,
+def _worker(stack, app_id: str, run_dir: Path, campaign: Path, name: str = "worker") -> WorkerProcess:
+    return WorkerProcess([campaign], stack.info.kafka_bootstrap, stack.info.redis_url, app_id=app_id,
                          topic_prefix=f"{app_id}.", partitions=4, refresh_seconds=0.2, session_timeout=3.0,
                          run_dir=run_dir, name=name)
 
 
-def _history(worker: WorkerProcess, attribute: str) -> dict:
-    with urllib.request.urlopen(f"{worker.url}/estimates/e2e/{attribute}/history", timeout=5) as r:
+def _history(worker: WorkerProcess, campaign: str, attribute: str) -> dict:
+    with urllib.request.urlopen(f"{worker.url}/estimates/{campaign}/{attribute}/history", timeout=5) as r:
         return json.loads(r.read())
 
 
 def test_end_to_end_counts_and_estimates(local_stack, tmp_path) -> None:
     app_id = f"e2e-{uuid.uuid4().hex[:6]}"
-    with _worker(local_stack, app_id, tmp_path) as w:
-        summary = asyncio.run(publish(_fleet(), local_stack.info.kafka_bootstrap, topic=f"{app_id}.ldp.reports",
+    path = unique_campaign_file(CAMPAIGN, tmp_path)
+    campaign = Campaign.load(path)
+    with _worker(local_stack, app_id, tmp_path, path) as w:
+        summary = asyncio.run(publish(_fleet(path), local_stack.info.kafka_bootstrap, topic=f"{app_id}.ldp.reports",
                                       partitions=4))
         assert summary.reports_sent == DEVICES * STEPS * 2
-        wait_for_counts(local_stack.info.redis_url, "e2e", _expected(summary), timeout=90)
-        campaign = Campaign.load(CAMPAIGN)
+        wait_for_counts(local_stack.info.redis_url, campaign.id, _expected(summary), timeout=90)
         for attr in campaign.attributes:
             proto = campaign.attribute(attr).protocol
-            deadline = 30.0
-            hist = _wait(lambda: _history(w, attr), lambda h: len(_finals(h)) == STEPS, deadline)
+            hist = _wait(lambda: _history(w, campaign.id, attr), lambda h: len(_finals(h)) == STEPS, 30.0)
             for t, doc in _finals(hist).items():
                 truth = summary.per_step[(attr, t)]["true_frequencies"]
                 assert doc["n"] == DEVICES and doc["final"]
@@ -94,7 +94,8 @@ def _wait(fetch, ok, timeout: float):
 def test_exactly_once_after_sigkill(local_stack, tmp_path, workers: int) -> None:
     """Kill a worker with SIGKILL while the stream is flowing, restart it: counts stay exact."""
     app_id = f"eo{workers}-{uuid.uuid4().hex[:6]}"
-    ws = [_worker(local_stack, app_id, tmp_path, name=f"w{i}").start() for i in range(workers)]
+    path = unique_campaign_file(CAMPAIGN, tmp_path)
+    ws = [_worker(local_stack, app_id, tmp_path, path, name=f"w{i}").start() for i in range(workers)]
     try:
         for w in ws:
             w.wait_ready(timeout=90)
@@ -108,16 +109,16 @@ def test_exactly_once_after_sigkill(local_stack, tmp_path, workers: int) -> None
                 if not killed.is_set() and p.reports_sent >= 0.4 * p.reports_total:
                     victim.kill()
                     killed.set()
-            summary = await publish(_fleet(batch_size=5_000, seed=2, rate=400_000), local_stack.info.kafka_bootstrap,
+            summary = await publish(_fleet(path, batch_size=5_000, seed=2, rate=400_000), local_stack.info.kafka_bootstrap,
                                     topic=f"{app_id}.ldp.reports", partitions=4, on_progress=on_progress)
             assert killed.is_set()
             return summary
 
         summary = asyncio.run(run())
-        restarted = _worker(local_stack, app_id, tmp_path, name="w0-restarted").start()
+        restarted = _worker(local_stack, app_id, tmp_path, path, name="w0-restarted").start()
         ws.append(restarted)
         restarted.wait_ready(timeout=90)
-        wait_for_counts(local_stack.info.redis_url, "e2e", _expected(summary), timeout=120)
+        wait_for_counts(local_stack.info.redis_url, Campaign.load(path).id, _expected(summary), timeout=120)
     finally:
         for w in ws:
             w.stop()
