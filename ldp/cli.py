@@ -65,15 +65,31 @@ def protocols(k: K = 100, eps: EPS = 1.0, eps_inf: EPS_INF = 2.0, eps_1: EPS_1 =
 
 
 @app.command()
-def demo(n: Annotated[int, typer.Option(help="Devices in the simulated fleet.")] = 100_000,
+def demo(campaign: CAMPAIGN = Path("deploy/campaigns/demo.toml"),
+         devices: Annotated[int, typer.Option(help="Simulated devices.")] = 100_000,
+         steps: Annotated[int, typer.Option(help="Time steps.")] = 6,
+         workers: Annotated[int, typer.Option(help="Stream-app worker processes.")] = 2,
+         batch_size: Annotated[int, typer.Option(help="Reports per Kafka message.")] = 50_000,
+         step_seconds: Annotated[float, typer.Option(help="Minimum wall time per step (to watch it).")] = 2.0,
+         top: Annotated[int, typer.Option(help="Values shown per attribute.")] = 8,
+         seed: SEED = 0) -> None:
+    """The whole pipeline on the embedded local stack: stack up, workers, a simulated fleet, and a live
+    view of true vs estimated histograms and privacy figures; everything is stopped on exit or Ctrl-C."""
+    from .demo import run_demo
+
+    raise typer.Exit(run_demo(campaign, devices, steps, workers, batch_size, step_seconds, seed, top, console))
+
+
+@app.command()
+def simulate(n: Annotated[int, typer.Option(help="Devices in the simulated fleet.")] = 100_000,
          k: K = 50, steps: Annotated[int, typer.Option(help="Time steps.")] = 5,
          eps: EPS = 1.0, eps_inf: EPS_INF = 2.0, eps_1: EPS_1 = 1.0,
          dataset: Annotated[str, typer.Option(help="uniform, zipf or syn (seed 001's evolving model).")] = "syn",
          p_change: Annotated[float, typer.Option(help="Per-step change probability (syn).")] = 0.25,
          protocol: Annotated[Optional[list[str]], typer.Option("--protocol", "-p", help="Restrict to these protocols.")] = None,
          seed: SEED = 7) -> None:
-    """Offline simulation: an evolving population, every protocol, true vs estimated frequencies
-    and privacy figures (the streaming pipeline replaces this with the live stack)."""
+    """Offline simulation (no broker): an evolving population, every protocol, true vs estimated
+    frequencies and privacy figures."""
     from producers.datasets import EvolvingPopulation
 
     names = protocol or list(estimators.PROTOCOLS)
