@@ -257,7 +257,7 @@ def bench_protocols(k: K = 100, n: Annotated[int, typer.Option(help="Reports per
 def bench_pipeline(steps: Annotated[int, typer.Option(help="Time steps per protocol.")] = 8,
                    grr_reports: Annotated[int, typer.Option(help="GRR reports per step.")] = 5_000_000,
                    losue_reports: Annotated[int, typer.Option(help="L-OSUE reports per step.")] = 1_000_000,
-                   batch: Annotated[int, typer.Option(help="Reports per Kafka message.")] = 250_000,
+                   batch: Annotated[int, typer.Option(help="Reports per Kafka message.")] = 100_000,
                    workers: Annotated[int, typer.Option(help="Stream-app worker processes.")] = 1) -> None:
     """End-to-end reports/s (produce → final estimate) and latency, next to the raw broker, same bytes."""
     from .bench_pipeline import run_bench
