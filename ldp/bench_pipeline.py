@@ -112,24 +112,28 @@ class PipelineResult:
         return float(np.percentile(self.latencies, 95)) if self.latencies else float("nan")
 
 
-async def pipeline_rate(bootstrap: str, work: Workload, topic_prefix: str, timeout: float = 300.0) -> PipelineResult:
+async def pipeline_rate(bootstrap: str, redis_url: str, work: Workload, topic_prefix: str, timeout: float = 300.0,
+                        pace: float | None = None) -> PipelineResult:
     """Send the workload to ``{prefix}ldp.reports`` (a watermark after each step) and wait for
-    every step's final estimate on ``{prefix}ldp.estimates``."""
-    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+    every step's final estimate (polling the estimate history the workers write in Redis at the
+    moment they publish it on ``ldp.estimates``); ``pace`` caps the send rate (reports/s) to
+    measure latency under a sustained load rather than a saturated queue."""
+    import redis.asyncio as aioredis
+    from aiokafka import AIOKafkaProducer
 
-    import json
+    from stream_app.store import estimates_key
 
-    reports_topic, estimates_topic = f"{topic_prefix}ldp.reports", f"{topic_prefix}ldp.estimates"
+    reports_topic = f"{topic_prefix}ldp.reports"
+    hist_key = estimates_key(work.campaign.id, work.attribute)
+    wanted = {envelope.parse(m).t for m in work.watermarks}
     max_bytes = max(len(b) for s in work.steps for b in s) + 1024
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", max_request_size=max(max_bytes, 1 << 20),
                                 linger_ms=5)
-    consumer = AIOKafkaConsumer(estimates_topic, bootstrap_servers=bootstrap, auto_offset_reset="latest",
-                                enable_auto_commit=False)
+    rds = aioredis.from_url(redis_url)
     await producer.start()
-    await consumer.start()
-    await consumer.seek_to_end()
     marks_sent: dict[int, float] = {}
     finals: dict[int, float] = {}
+    sent_reports = [0]
     try:
         t0 = time.perf_counter()
 
@@ -140,6 +144,11 @@ async def pipeline_rate(bootstrap: str, work: Workload, topic_prefix: str, timeo
                 key = f"{t}:{work.attribute}".encode()
                 for blob in batches:
                     futs.append(await producer.send(reports_topic, blob, key=key))
+                    if pace:
+                        sent_reports[0] += envelope.parse(blob).count
+                        ahead = t0 + sent_reports[0] / pace - time.perf_counter()
+                        if ahead > 0:
+                            await asyncio.sleep(ahead)
                 await asyncio.gather(*futs)
                 futs = []
                 await producer.send_and_wait(reports_topic, mark, key=key)
@@ -147,26 +156,29 @@ async def pipeline_rate(bootstrap: str, work: Workload, topic_prefix: str, timeo
 
         sender = asyncio.create_task(send())
         deadline = t0 + timeout
-        while len(finals) < len(work.steps):
+        while len(finals) < len(wanted):
             if time.perf_counter() > deadline:
-                raise TimeoutError(f"only {len(finals)} of {len(work.steps)} final estimates after {timeout} s")
-            for recs in (await consumer.getmany(timeout_ms=200)).values():
-                now = time.perf_counter()
-                for r in recs:
-                    doc = json.loads(r.value)
-                    if doc.get("campaign") == work.campaign.id and doc.get("final") and doc["t"] not in finals:
-                        finals[int(doc["t"])] = now
+                raise TimeoutError(f"only {len(finals)} of {len(wanted)} final estimates after {timeout} s")
+            keys = await rds.hkeys(hist_key)
+            now = time.perf_counter()
+            for k in keys:
+                t = int(k)
+                if t in wanted and t not in finals:
+                    finals[t] = now
+            await asyncio.sleep(0.01)
         await sender
         end = max(finals.values())
         return PipelineResult(work.reports / (end - t0), [finals[t] - marks_sent[t] for t in sorted(finals)], end - t0)
     finally:
-        await consumer.stop()
+        await rds.aclose()
         await producer.stop()
 
 
 def run_bench(protocol: str, k: int, steps: int, reports_per_step: int, batch: int, workers: int = 1,
-              on_status=print, **params) -> dict:
-    """Stack up, workers up, warm-up step, then raw broker and pipeline on the same workload."""
+              on_status=print, latency_load: float = 0.5, **params) -> dict:
+    """Stack up, workers up, warm-up step, then raw broker and pipeline on the same workload, then
+    the latency of each step's final estimate under a sustained load of ``latency_load`` x the
+    measured end-to-end rate (a saturated run only measures its own queue)."""
     import tempfile
     from pathlib import Path
 
@@ -188,18 +200,22 @@ def run_bench(protocol: str, k: int, steps: int, reports_per_step: int, batch: i
             for p in procs:
                 p.wait_ready(timeout=120)
             on_status("warm-up step (numba compilation in the workers)")
-            asyncio.run(pipeline_rate(info.kafka_bootstrap, warm, prefix))
+            asyncio.run(pipeline_rate(info.kafka_bootstrap, info.redis_url, warm, prefix))
             work = _shift_steps(work, 1)
             on_status("raw broker: produce + consume the same bytes")
             raw = asyncio.run(raw_broker_rate(info.kafka_bootstrap, work))
             on_status("pipeline: produce -> workers -> Redis -> final estimates")
-            res = asyncio.run(pipeline_rate(info.kafka_bootstrap, work, prefix))
+            res = asyncio.run(pipeline_rate(info.kafka_bootstrap, info.redis_url, work, prefix))
+            pace = latency_load * res.rate
+            on_status(f"latency: the same steps again, paced at {latency_load:.0%} of that rate ({pace / 1e6:.1f}M/s)")
+            paced = asyncio.run(pipeline_rate(info.kafka_bootstrap, info.redis_url, _shift_steps(work, steps + 1), prefix,
+                                              pace=pace))
         finally:
             for p in procs:
                 p.stop()
     return {"protocol": protocol, "k": k, "reports": work.reports, "bytes": work.nbytes, "raw_rate": raw,
-            "pipeline_rate": res.rate, "ratio": res.rate / raw, "p95_latency": res.p95_latency,
-            "latencies": res.latencies, "workers": workers}
+            "pipeline_rate": res.rate, "ratio": res.rate / raw, "saturated_p95_latency": res.p95_latency,
+            "p95_latency": paced.p95_latency, "latencies": paced.latencies, "paced_rate": pace, "workers": workers}
 
 
 def _write_campaign(path, work: Workload) -> None:

@@ -297,10 +297,12 @@ class Estimator:
         st = self._state.setdefault((c.id, a.name), _AttrState())
         size = a.protocol.support_size
         skey = steps_key(c.id, a.name)
-        cand = {int(x) for x in await self.redis.zrangebyscore(skey, st.low, "+inf")}
         # steps below `low` are final, unless one appeared there since (a device reporting an old t
-        # for the first time): the count of steps below `low` tells, plus a full rescan now and then
+        # for the first time, or a step whose first batch landed after later steps'): the count of
+        # steps below `low` tells, plus a full rescan now and then. It is read BEFORE the candidates,
+        # so a step added in between is seen either as a candidate or as a count change next tick.
         below = await self.redis.zcount(skey, "-inf", f"({st.low}")
+        cand = {int(x) for x in await self.redis.zrangebyscore(skey, st.low, "+inf")}
         if below != st.below or self.ticks % self.rescan_ticks == 0:
             unknown = [t for t in (int(x) for x in await self.redis.zrangebyscore(skey, "-inf", f"({st.low}"))
                        if t not in st.finalized]
@@ -343,8 +345,10 @@ class Estimator:
         rest = [t for t in cand if t not in st.finalized]
         low = min(rest) if rest else (max(cand) + 1 if cand else st.low)
         if low != st.low:
+            # count only what this tick saw (all final): a step that appeared below the new `low`
+            # meanwhile makes next tick's count differ and is rescanned, never skipped
+            st.below += sum(1 for t in cand if st.low <= t < low)
             st.low = low
-            st.below = await self.redis.zcount(skey, "-inf", f"({low}")
         if len(st.finalized) > 100_000:  # bounded memory; the Redis history stays authoritative
             for t in sorted(st.finalized)[:-50_000]:
                 del st.finalized[t]

@@ -35,10 +35,18 @@ def run_worker(campaign_paths: list[Path], kafka_bootstrap: str, redis_url: str,
                refresh_seconds: float = 1.0, session_timeout: float | None = None, data_dir: Path | None = None,
                web_host: str = "127.0.0.1", web_bind: str | None = None, topic_prefix: str = "",
                ready_file: Path | None = None, logfile: str | None = None) -> None:
-    """Build the app (:func:`stream_app.app.create_app`) and run it until SIGTERM/SIGINT."""
+    """Build the app (:func:`stream_app.app.create_app`) and run it until SIGTERM/SIGINT.
+
+    The support kernels run single-threaded in a worker: a worker is one event loop on one core,
+    and numba's thread pool only adds launch overhead and oversubscription next to the broker;
+    scale out with more workers (partitions) instead.
+    """
     import faust
+    import numba
 
     from .app import create_app
+
+    numba.set_num_threads(1)
 
     app = create_app(list(campaign_paths), kafka_bootstrap, redis_url, app_id=app_id, web_port=web_port,
                      partitions=partitions, refresh_seconds=refresh_seconds, session_timeout=session_timeout,
