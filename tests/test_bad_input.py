@@ -124,3 +124,26 @@ def test_bad_input_is_rejected_and_never_counted(local_stack, tmp_path) -> None:
             assert _metric(text, reason) >= 1, f"metric ldp_rejected_batches_total{{reason={reason!r}}} missing"
         # the counts did not move after all that
         wait_for_counts(redis_url, campaign.id, {(ATTR, 0): (c1 + c2, 5000)}, timeout=5)
+
+
+def test_device_sdk_reports_through_http_ingest(local_stack, tmp_path) -> None:
+    """Real devices: the SDK's single reports go through POST /reports into the counts."""
+    import base64
+
+    from producers.sdk import Device, post_report
+
+    path = unique_campaign_file(CAMPAIGN, tmp_path)
+    campaign = Campaign.load(path)
+    app_id = f"sdk-{uuid.uuid4().hex[:6]}"
+    boot, redis_url = local_stack.info.kafka_bootstrap, local_stack.info.redis_url
+    with WorkerProcess([path], boot, redis_url, app_id=app_id, topic_prefix=f"{app_id}.",
+                       refresh_seconds=0.2, session_timeout=3.0, run_dir=tmp_path) as w:
+        proto = campaign.attribute(ATTR).protocol
+        expected = np.zeros(proto.support_size, dtype=np.int64)
+        for i in range(20):
+            dev = Device(campaign, tmp_path / f"device{i}", budget_eps=10.0, ingest_url=f"{w.url}/reports")
+            obj = dev.report(ATTR, i % 7, t=3)
+            expected += proto.support(proto.decode(base64.b64decode(obj["payload"])))
+            post_report(f"{w.url}/reports", obj)
+        wait_for_counts(redis_url, campaign.id, {(ATTR, 3): (expected, 20)}, timeout=30)
+
