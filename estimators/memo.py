@@ -19,13 +19,13 @@ import io
 import json
 import os
 import secrets
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from .errors import InvalidState
+from .fileio import atomic_write
 
 _FORMAT = "ldp-stream/memo-state"
 _VERSION = 1
@@ -90,23 +90,7 @@ class MemoState:
                              "n_devices": self.n_devices, "memo_size": self.memo_size}).encode()
         buf = io.BytesIO()
         np.savez(buf, header=np.frombuffer(header, dtype=np.uint8), keys=self.keys, seen=self.seen)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(buf.getvalue())
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-            dir_fd = os.open(path.parent, os.O_DIRECTORY)
-            try:
-                os.fsync(dir_fd)
-            finally:
-                os.close(dir_fd)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        atomic_write(path, buf.getvalue())
 
     @classmethod
     def load(cls, path: str | os.PathLike, fingerprint: str | None = None) -> "MemoState":

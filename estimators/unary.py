@@ -9,7 +9,7 @@ import numpy as np
 from . import kernels
 from ._rand import draw_seed, quantize32, threshold32
 from .base import PureProtocol, check_domain, check_eps
-from .errors import InvalidReports, LDPError
+from .errors import InvalidReports
 from .longitudinal import Rounds, TwoRoundProtocol, oue_irr, sue_irr, ue_chain_eps_first, ue_eps
 from .memo import MemoState
 

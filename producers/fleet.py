@@ -49,6 +49,7 @@ from estimators.base import FrequencyProtocol
 from estimators.campaign import Campaign
 from estimators.envelope import pack_reports, pack_watermark
 from estimators.errors import LDPError
+from estimators.fileio import atomic_write, fsync_dir
 
 from .datasets import KINDS, EvolvingPopulation
 
@@ -180,29 +181,6 @@ def _value_dtype(k: int) -> np.dtype:
     return np.dtype(np.uint8 if k <= 1 << 8 else np.uint16 if k <= 1 << 16 else np.uint32)
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        _fsync_dir(path.parent)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def true_frequencies(proto: FrequencyProtocol, values: np.ndarray) -> np.ndarray:
     """Histogram of true values over the protocol's estimated domain (buckets for dBitFlipPM)."""
     v = values
@@ -328,16 +306,16 @@ class Fleet:
                         np.save(f, vals.astype(_value_dtype(self.proto(attr).k)))
                         f.flush()
                         os.fsync(f.fileno())
-            _fsync_dir(tmp)
+            fsync_dir(tmp)
             final = root / name
             if final.exists():
                 shutil.rmtree(final)
             os.replace(tmp, final)
-            _fsync_dir(root)
+            fsync_dir(root)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        _atomic_write(root / "fleet.json", json.dumps(self._meta(t, name), indent=1).encode())
+        atomic_write(root / "fleet.json", json.dumps(self._meta(t, name), indent=1).encode())
         for old in root.iterdir():  # older snapshots and crashed temporaries
             if old.is_dir() and old.name != name and (old.name.startswith("step-") or old.name.startswith(".step-")):
                 shutil.rmtree(old, ignore_errors=True)

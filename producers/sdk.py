@@ -34,7 +34,6 @@ import base64
 import fcntl
 import json
 import os
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -48,6 +47,7 @@ from estimators import MemoState
 from estimators.base import FrequencyProtocol
 from estimators.campaign import Campaign
 from estimators.errors import InvalidState, LDPError
+from estimators.fileio import atomic_write
 
 __all__ = ["Device", "BudgetExceeded", "IngestError", "DeviceStateError"]
 
@@ -75,25 +75,6 @@ class IngestError(LDPError):
 
 class DeviceStateError(LDPError):
     """A state directory that does not belong to this campaign or cannot be read."""
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        dfd = os.open(path.parent, os.O_DIRECTORY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 class Device:
@@ -168,7 +149,7 @@ class Device:
                     f"(fingerprint {old.get('fingerprint')}), not {self.campaign.id!r} ({self.campaign.fingerprint}); "
                     "a device must keep its memo state for the campaign's lifetime, use another directory")
         else:
-            _atomic_write(path, json.dumps(ident).encode())
+            atomic_write(path, json.dumps(ident).encode())
 
     def _changed(self, path: Path) -> bool:
         """True if ``path`` was replaced since we last read it (atomic writes change the inode)."""
@@ -221,7 +202,7 @@ class Device:
 
     def _save_budget(self, spent: dict[str, int]) -> None:
         data = {"campaign": self.campaign.id, "spent_reports": spent}
-        _atomic_write(self._budget_path, json.dumps(data).encode())
+        atomic_write(self._budget_path, json.dumps(data).encode())
 
     # ------------------------------------------------------------------ accounting
     def _attr_loss(self, name: str, memoized: int | None = None, spent: int | None = None) -> float:
