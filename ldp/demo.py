@@ -135,6 +135,7 @@ def run_demo(campaign_path: Path, devices: int, steps: int, workers: int, batch:
         zmax = max(float(np.max(np.abs(np.asarray(finals[k]["frequencies"]) - truth[k])
                                 / np.sqrt(campaign.attribute(k[0]).protocol.variance_exact(truth[k], finals[k]["n"]))))
                    for k in finals)
+        console.print()
         console.print(f"[green]done[/green]: {len(finals)} final estimates, largest deviation {zmax:.2f} standard "
                       f"deviations of the exact variance")
         return 0
