@@ -140,7 +140,7 @@ def run_demo(campaign_path: Path, devices: int, steps: int, workers: int, batch:
                       f"deviations of the exact variance")
         return 0
     except KeyboardInterrupt:
-        console.print("[yellow]interrupted[/yellow]")
+        console.print("\n[yellow]interrupted[/yellow]")
         return 130
     finally:
         with console.status("stopping workers and the stack ..."):
