@@ -242,3 +242,18 @@ class PureProtocol(FrequencyProtocol):
         """Var = γ (1 - γ) / (n (ps - qs)^2) with γ = qs + f (ps - qs) (seed 000 Thm. 2)."""
         gamma = self.qs + np.asarray(f, dtype=np.float64) * (self.ps - self.qs)
         return gamma * (1.0 - gamma) / (n * (self.ps - self.qs) ** 2)
+
+
+class SingleShotPure(PureProtocol):
+    """A memoryless pure protocol whose support probabilities are its attributes ``p`` and ``q``."""
+
+    p: float
+    q: float
+
+    @property
+    def ps(self) -> float:
+        return self.p
+
+    @property
+    def qs(self) -> float:
+        return self.q

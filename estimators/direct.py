@@ -7,7 +7,7 @@ import numpy as np
 
 from . import kernels
 from ._rand import draw_seed
-from .base import PureProtocol, check_domain, check_eps
+from .base import SingleShotPure, check_domain, check_eps
 from .errors import InvalidReports
 from .longitudinal import Rounds, TwoRoundProtocol, grr_chain_eps_first, grr_chain_p2, grr_eps
 from .memo import MemoState
@@ -51,7 +51,7 @@ class _DirectReports:
         return np.asarray(reports) == v1
 
 
-class GRR(_DirectReports, PureProtocol):
+class GRR(_DirectReports, SingleShotPure):
     """Generalized randomized response (k-RR): keep the value w.p. p, else a uniform other."""
 
     name: ClassVar[str] = "GRR"
@@ -63,14 +63,6 @@ class GRR(_DirectReports, PureProtocol):
 
     def params(self) -> dict:
         return {"protocol": self.name, "k": self.k, "eps": self.eps}
-
-    @property
-    def ps(self) -> float:
-        return self.p
-
-    @property
-    def qs(self) -> float:
-        return self.q
 
     @property
     def eps_first(self) -> float:

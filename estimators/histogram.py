@@ -27,7 +27,7 @@ from scipy.optimize import minimize_scalar
 from . import kernels
 from . import postprocess as _pp
 from ._rand import draw_seed, quantize32, threshold32
-from .base import FrequencyProtocol, PureProtocol, check_domain, check_eps
+from .base import FrequencyProtocol, SingleShotPure, check_domain, check_eps
 from .errors import InfeasibleParameters, InvalidReports, LDPError
 from .longitudinal import ue_eps
 from .unary import _UnaryReports
@@ -57,7 +57,7 @@ def the_optimal_theta(eps: float) -> float:
     return round(float(res.x), 6)
 
 
-class THE(_UnaryReports, PureProtocol):
+class THE(_UnaryReports, SingleShotPure):
     """Thresholding with histogram encoding: report the coordinates whose noisy value exceeds θ."""
 
     name: ClassVar[str] = "THE"
@@ -80,14 +80,6 @@ class THE(_UnaryReports, PureProtocol):
 
     def params(self) -> dict:
         return {"protocol": self.name, "k": self.k, "eps": self.eps, "theta": self.theta}
-
-    @property
-    def ps(self) -> float:
-        return self.p
-
-    @property
-    def qs(self) -> float:
-        return self.q
 
     @property
     def eps_first(self) -> float:

@@ -24,7 +24,7 @@ import numpy as np
 
 from . import kernels
 from ._rand import draw_seed
-from .base import PureProtocol, check_domain, check_eps
+from .base import SingleShotPure, check_domain, check_eps
 from .direct import _int_dtype
 from .errors import InvalidReports, LDPError
 
@@ -48,7 +48,7 @@ def ss_probabilities(k: int, eps: float, omega: int) -> tuple[float, float]:
     return float(ps), float(qs)
 
 
-class SS(PureProtocol):
+class SS(SingleShotPure):
     """ω-subset selection (ω-SM): each report is a subset of size ω (1-SM is GRR)."""
 
     name: ClassVar[str] = "SS"
@@ -72,14 +72,6 @@ class SS(PureProtocol):
 
     def params(self) -> dict:
         return {"protocol": self.name, "k": self.k, "eps": self.eps, "omega": self.omega, "layout": self.layout}
-
-    @property
-    def ps(self) -> float:
-        return self.p
-
-    @property
-    def qs(self) -> float:
-        return self.q
 
     @property
     def eps_first(self) -> float:

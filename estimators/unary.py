@@ -8,7 +8,7 @@ import numpy as np
 
 from . import kernels
 from ._rand import draw_seed, quantize32, threshold32
-from .base import PureProtocol, check_domain, check_eps
+from .base import SingleShotPure, check_domain, check_eps
 from .errors import InvalidReports
 from .longitudinal import Rounds, TwoRoundProtocol, oue_irr, sue_irr, ue_chain_eps_first, ue_eps
 from .memo import MemoState
@@ -64,7 +64,7 @@ class _UnaryReports:
         return (b1 == 1) & (b2 == 0)
 
 
-class UnaryEncoding(_UnaryReports, PureProtocol):
+class UnaryEncoding(_UnaryReports, SingleShotPure):
     """Single-shot unary encoding with bit probabilities ``(p, q)``."""
 
     def __init__(self, k: int, eps: float) -> None:
@@ -78,14 +78,6 @@ class UnaryEncoding(_UnaryReports, PureProtocol):
 
     def params(self) -> dict:
         return {"protocol": self.name, "k": self.k, "eps": self.eps}
-
-    @property
-    def ps(self) -> float:
-        return self.p
-
-    @property
-    def qs(self) -> float:
-        return self.q
 
     @property
     def eps_first(self) -> float:
