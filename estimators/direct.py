@@ -75,26 +75,46 @@ class GRR(_DirectReports, SingleShotPure):
         return out.astype(self.report_dtype)
 
 
-class LGRR(_DirectReports, TwoRoundProtocol):
+class GRRChain(TwoRoundProtocol):
+    """Two GRR rounds over ``chain_size`` values: GRR(ε∞) memoized, then GRR per report.
+
+    L-GRR chains over the values themselves (``chain_size = k``, seed 000 §4.2); LOLOHA over
+    the device's hashed values (``chain_size = g``, seed 001 Alg. 1), where the server's
+    ``q1'`` is the collision probability ``1/g`` (Alg. 2).
+    """
+
+    @property
+    def chain_size(self) -> int:
+        return self.k
+
+    def _support_q1(self) -> float | None:
+        """The server-side ``q1`` when it differs from the PRR's (``None``: the same)."""
+        return None
+
+    def _solve_rounds(self) -> Rounds:
+        m = self.chain_size
+        p1, q1 = grr_probabilities(self.requested_eps_inf, m)
+        p2 = grr_chain_p2(p1, q1, m, self.requested_eps_1, self.requested_eps_inf, self.calibration, self.name)
+        return Rounds(p1, q1, p2, (1 - p2) / (m - 1), q1s=self._support_q1())
+
+    @property
+    def eps_inf(self) -> float:
+        """ln(p1 / q1) of the memoized PRR (seed 000 §4.2, seed 001 Thm. 3.3)."""
+        return grr_eps(self.p1, self.q1)
+
+    @property
+    def eps_first(self) -> float:
+        """True ε of one report, ``ps / (q1 p2 + (1 - q1) q2)`` (Eq. 12 / Thm. 3.4 are its m = 2 case)."""
+        return grr_chain_eps_first(self.rounds, self.chain_size)
+
+
+class LGRR(_DirectReports, GRRChain):
     """Longitudinal GRR: GRR(ε∞) memoized, then GRR re-randomization per report (seed 000 §4.2)."""
 
     name: ClassVar[str] = "L-GRR"
 
     def __init__(self, k: int, eps_inf: float, eps_1: float, calibration="exact") -> None:
         TwoRoundProtocol.__init__(self, check_domain(k), eps_inf, eps_1, calibration)
-
-    def _solve_rounds(self) -> Rounds:
-        p1, q1 = grr_probabilities(self.requested_eps_inf, self.k)
-        p2 = grr_chain_p2(p1, q1, self.k, self.requested_eps_1, self.requested_eps_inf, self.calibration, self.name)
-        return Rounds(p1, q1, p2, (1 - p2) / (self.k - 1))
-
-    @property
-    def eps_inf(self) -> float:
-        return grr_eps(self.p1, self.q1)
-
-    @property
-    def eps_first(self) -> float:
-        return grr_chain_eps_first(self.rounds, self.k)
 
     def randomize(self, values, rng, state: MemoState | None = None):
         v = self.check_values(values)

@@ -33,9 +33,9 @@ import numpy as np
 from . import kernels
 from ._rand import draw_seed
 from .base import PureProtocol, check_domain, check_eps
-from .direct import grr_probabilities
+from .direct import GRRChain, grr_probabilities
 from .errors import InfeasibleParameters, InvalidReports, LDPError
-from .longitudinal import Calibration, Rounds, TwoRoundProtocol, grr_chain_eps_first, grr_chain_p2, grr_eps
+from .longitudinal import Calibration, TwoRoundProtocol, grr_eps
 from .memo import MemoState
 
 _NO_KEYS = np.zeros(0, dtype=np.uint64)
@@ -207,7 +207,7 @@ class OLH(LocalHashing):
         super().__init__(k, eps, olh_g(check_eps("eps", eps)))
 
 
-class LOLOHA(_HashedReports, TwoRoundProtocol):
+class LOLOHA(_HashedReports, GRRChain):
     """Longitudinal local hashing (seed 001 §3): a fixed hash function per device, PRR =
     GRR(ε∞) over ``[0, g)`` memoized per hash value, IRR = GRR over ``[0, g)`` per report.
 
@@ -232,25 +232,17 @@ class LOLOHA(_HashedReports, TwoRoundProtocol):
         self.g = ololoha_g(eps_inf, eps_1) if g is None else _check_g(g)
         TwoRoundProtocol.__init__(self, k, eps_inf, eps_1, calibration)
 
-    def _solve_rounds(self) -> Rounds:
-        """PRR: Thm. 3.3's ``p1 = e^ε∞ / (e^ε∞ + g - 1)``; IRR: GRR over ``[0, g)`` (Thm. 3.4)."""
-        g = self.g
-        p1, q1 = grr_probabilities(self.requested_eps_inf, g)
-        p2 = grr_chain_p2(p1, q1, g, self.requested_eps_1, self.requested_eps_inf, self.calibration, self.name)
-        return Rounds(p1, q1, p2, (1 - p2) / (g - 1), q1s=1.0 / g)
+    @property
+    def chain_size(self) -> int:
+        """The GRR chain runs over the hashed domain ``[0, g)`` (Thm. 3.3, 3.4)."""
+        return self.g
+
+    def _support_q1(self) -> float:
+        """Alg. 2's ``q1' = 1/g``: another value hashes to the report w.p. 1/g."""
+        return 1.0 / self.g
 
     def params(self) -> dict:
         return {**TwoRoundProtocol.params(self), "g": self.g}
-
-    @property
-    def eps_inf(self) -> float:
-        """ln(p1 / q1) of the memoized PRR (Thm. 3.3)."""
-        return grr_eps(self.p1, self.q1)
-
-    @property
-    def eps_first(self) -> float:
-        """True ε of one report: ``ps / (q1 p2 + (1 - q1) q2)`` (Thm. 3.4's ratio is the ``g = 2`` case)."""
-        return grr_chain_eps_first(self.rounds, self.g)
 
     @property
     def memo_size(self) -> int:
