@@ -46,11 +46,6 @@ class Adaptive(FrequencyProtocol):
     def longitudinal_loss(self, memoized):
         return self.chosen.longitudinal_loss(memoized)
 
-    def new_state(self, n_devices: int, rng: np.random.Generator | None = None) -> MemoState | None:
-        if self.memo_size == 0:
-            return None
-        return MemoState.fresh(self.fingerprint, n_devices, self.memo_size, rng)
-
     def randomize(self, values, rng, state=None):
         if state is not None:
             self._state_for(state, np.asarray(values).shape[0])

@@ -118,6 +118,6 @@ class LGRR(_DirectReports, GRRChain):
 
     def randomize(self, values, rng, state: MemoState | None = None):
         v = self.check_values(values)
-        st = self._memo(state, v.shape[0])
+        st = self._state_for(state, v.shape[0])
         out = kernels.grr_chain_randomize(v, st.keys, True, st.seen, draw_seed(rng), self.p1, self.p2, self.k)
         return out.astype(self.report_dtype)

@@ -252,7 +252,7 @@ class LOLOHA(_HashedReports, GRRChain):
     def randomize(self, values, rng, state: MemoState | None = None):
         """Alg. 1 for one time step of ``n`` devices (device ``i`` = row ``i`` of ``state``)."""
         v = self.check_values(values)
-        st = self._memo(state, v.shape[0])
+        st = self._state_for(state, v.shape[0])
         seed = draw_seed(rng)
         hseeds, x = kernels.lh_encode(v, st.keys, True, seed, self.g)
         y = kernels.grr_chain_randomize(x, st.keys, True, st.seen, seed, self.p1, self.p2, self.g)
@@ -262,7 +262,7 @@ class LOLOHA(_HashedReports, GRRChain):
         """The devices' (hash seed, PRR output x') for ``values``, without the IRR round and
         without marking anything memoized (inspection and tests)."""
         v = self.check_values(values)
-        st = self._memo(state, v.shape[0])
+        st = self._state_for(state, v.shape[0])
         hseeds, x = kernels.lh_encode(v, st.keys, True, np.uint64(0), self.g)
         scratch = st.seen.copy()
         y = kernels.grr_chain_randomize(x, st.keys, True, scratch, np.uint64(0), self.p1, 1.0, self.g)

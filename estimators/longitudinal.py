@@ -33,7 +33,6 @@ from scipy.optimize import brentq
 
 from .base import PureProtocol, check_eps
 from .errors import InfeasibleParameters, LDPError
-from .memo import MemoState
 
 Calibration = Literal["exact", "paper"]
 CALIBRATIONS = ("exact", "paper")
@@ -202,6 +201,3 @@ class TwoRoundProtocol(PureProtocol):
         """
         m = np.minimum(np.asarray(memoized), self.memo_size)
         return m * self.eps_inf
-
-    def _memo(self, state: MemoState | None, n: int) -> MemoState:
-        return self._state_for(state, n)

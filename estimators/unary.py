@@ -126,7 +126,7 @@ class LongitudinalUE(_UnaryReports, TwoRoundProtocol):
 
     def randomize(self, values, rng, state: MemoState | None = None):
         v = self.check_values(values)
-        st = self._memo(state, v.shape[0])
+        st = self._state_for(state, v.shape[0])
         return kernels.ue_chain_randomize(v, st.keys, True, st.seen, draw_seed(rng),
                                           *(threshold32(p) for p in (self.p1, self.q1, self.p2, self.q2)), self.k)
 

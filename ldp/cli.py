@@ -91,6 +91,7 @@ def simulate(n: Annotated[int, typer.Option(help="Devices in the simulated fleet
     """Offline simulation (no broker): an evolving population, every protocol, true vs estimated
     frequencies and privacy figures."""
     from producers.datasets import EvolvingPopulation
+    from producers.fleet import true_frequencies
 
     names = protocol or list(estimators.PROTOCOLS)
     console.print(f"[bold]ldp-stream offline demo[/bold]: {n:,} devices, k={k}, {steps} steps, dataset={dataset} "
@@ -108,11 +109,10 @@ def simulate(n: Annotated[int, typer.Option(help="Devices in the simulated fleet
         task = bar.add_task("randomize → support → estimate", total=steps * len(protos))
         for _t in range(steps):
             values = pop.step()
-            true = pop.true_frequencies()
             for name, p in protos.items():
                 reports = p.randomize(values, rng, state=states[name])
                 est = p.estimate(p.support(reports), n)
-                truth = true if p.domain_size == k else _bucketize(true, p.domain_size)
+                truth = true_frequencies(p, values)
                 sq_err[name].append(np.mean((est - truth) ** 2))
                 last[name] = est
                 bar.advance(task)
@@ -122,8 +122,7 @@ def simulate(n: Annotated[int, typer.Option(help="Devices in the simulated fleet
     for name, p in protos.items():
         st = states[name]
         loss = float(np.mean(p.longitudinal_loss(st.memoized_count()))) if st is not None else float("inf")
-        truth = pop.true_frequencies()
-        truth = truth if p.domain_size == k else _bucketize(truth, p.domain_size)
+        truth = true_frequencies(p, pop.values)
         t.add_row(name, f"{np.mean(sq_err[name]):.3e}", f"{np.mean(p.variance_exact(truth, n)):.3e}",
                   f"{p.eps_first:.3f}", f"{p.eps_inf:.3f}", f"{loss:.3g}", f"{p.worst_case_loss:.3g}")
     console.print(t)
@@ -138,12 +137,6 @@ def simulate(n: Annotated[int, typer.Option(help="Devices in the simulated fleet
     for v in top:
         h.add_row(str(v), f"{truth[v]:.4f}", *(f"{last[nm][v]:.4f}" for nm in show))
     console.print(h)
-
-
-def _bucketize(f: np.ndarray, b: int) -> np.ndarray:
-    """Histogram over ``b`` contiguous buckets of ``f`` (dBitFlipPM's bucket(v) = ⌊v b / k⌋)."""
-    k = f.shape[0]
-    return np.bincount((np.arange(k) * b) // k, weights=f, minlength=b)
 
 
 @app.command()

@@ -1,17 +1,10 @@
 """Building a protocol from command-line options (only the parameters it accepts)."""
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
 import estimators
-from estimators.registry import _REGISTRY
-
-
-def accepted(name: str) -> list[str]:
-    """Keyword parameters of protocol ``name``'s constructor."""
-    cls = _REGISTRY[name]
-    return [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
+from estimators.registry import parameters
 
 
 def build(name: str, **options: Any) -> estimators.FrequencyProtocol:
@@ -21,9 +14,7 @@ def build(name: str, **options: Any) -> estimators.FrequencyProtocol:
     Syn) and ``d = 1`` sampled bucket (its most private setting), and its ε is the ε∞ of the
     longitudinal options.
     """
-    if name not in _REGISTRY:
-        raise estimators.LDPError(f"unknown protocol {name!r}; known: {', '.join(estimators.PROTOCOLS)}")
-    takes = accepted(name)
+    takes = parameters(name)
     opts = {k: v for k, v in options.items() if v is not None}
     if "b" in takes and "b" not in opts and "k" in opts:
         opts["b"] = opts["k"]
