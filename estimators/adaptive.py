@@ -12,6 +12,7 @@ import numpy as np
 
 from .base import FrequencyProtocol
 from .direct import GRR, LGRR
+from .errors import LDPError
 from .memo import MemoState
 from .unary import LOSUE, OUE
 
@@ -46,11 +47,15 @@ class Adaptive(FrequencyProtocol):
     def longitudinal_loss(self, memoized):
         return self.chosen.longitudinal_loss(memoized)
 
-    def randomize(self, values, rng, state=None):
-        if state is not None:
-            self._state_for(state, np.asarray(values).shape[0])
-            state = MemoState(self.chosen.fingerprint, state.keys, state.seen, state.memo_size)
-        return self.chosen.randomize(values, rng, state=state)
+    def _chosen_state(self, values, state: MemoState | None) -> MemoState | None:
+        """``state`` (checked against this protocol) as a view for the chosen one (same arrays)."""
+        if state is None:
+            return None
+        self._state_for(state, np.asarray(values).shape[0])
+        return MemoState(self.chosen.fingerprint, state.keys, state.seen, state.memo_size)
+
+    def randomize(self, values, rng=None, state=None):
+        return self.chosen.randomize(values, rng, state=self._chosen_state(values, state))
 
     def support(self, reports):
         return self.chosen.support(reports)
@@ -85,3 +90,12 @@ class LADP(Adaptive):
 
     def __init__(self, k: int, eps_inf: float, eps_1: float, calibration="exact") -> None:
         super().__init__((LGRR(k, eps_inf, eps_1, calibration), LOSUE(k, eps_inf, eps_1, calibration)))
+
+    def memoized_outputs(self, values, state: MemoState):
+        """The chosen protocol's PRR outputs (see :meth:`LGRR.memoized_outputs`)."""
+        if state is None:
+            raise LDPError(f"{self.name} memoizes: pass state=proto.new_state(n_devices)")
+        return self.chosen.memoized_outputs(values, self._chosen_state(values, state))
+
+    def memoized_audit_event(self, prr_reports, v1, v2):
+        return self.chosen.memoized_audit_event(prr_reports, v1, v2)

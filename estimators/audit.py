@@ -1,4 +1,4 @@
-"""Empirical privacy audit of a protocol's single-report ε (in the spirit of LDP-Audit).
+"""Empirical privacy audit of a protocol's ε, round by round (in the spirit of LDP-Audit).
 
 LDP-Audit (Arcolezi & Gambs, PETS 2024) checks an LDP implementation from the outside: run the
 randomizer many times on two inputs ``v1 != v2``, count how often a *distinguishing event* ``E``
@@ -6,11 +6,44 @@ happens under each, and turn the counts into a statistical lower bound on ε. ε
 ``P(E | v1) <= e^ε P(E | v2)`` for every event, so a lower bound above the claimed ε is a proof
 (at the chosen confidence) that the implementation leaks more than it states.
 
-Here ``E`` is the protocol's own ``audit_event(reports, v1, v2)``: an event whose probability is
-as large as possible under ``v1`` and as small as possible under ``v2``. The audit draws
-``trials`` reports with input ``v1`` and ``trials`` with input ``v2``; a memoizing protocol gets a
-NEW device for every trial (fresh memo keys), so one report per device is audited and the
-theoretical value is the single-report ``proto.eps_first`` (ε1).
+Three rounds are audited (``round=``, :data:`ROUNDS`):
+
+``"first"`` (ε1, the default of :func:`audit`)
+    One report per device: ``trials`` reports with input ``v1`` and ``trials`` with ``v2``; a
+    memoizing protocol gets a NEW device for every trial (fresh memo keys). ``E`` is the
+    protocol's ``audit_event(reports, v1, v2)``; the theoretical value is ``proto.eps_first``.
+``"prr"`` (ε∞)
+    Memoizing protocols only: the memoized first round alone, RAPPOR's permanent randomized
+    response (PRR; Erlingsson, Pihur & Korolova, CCS 2014), from ``proto.memoized_outputs`` on a
+    fresh device per trial, without the instantaneous round (IRR). ``E`` is
+    ``proto.memoized_audit_event``; the theoretical value is ``proto.eps_inf``.
+``"longitudinal"`` (accounted ε of a sequence)
+    Memoizing protocols only: every trial is a fresh device that reports ``τ`` times, the inputs
+    following ``seq1`` (resp. ``seq2``), two sequences of the same length ``τ``. The event is on
+    the whole sequence of reports: with per-report events ``e(r, a, b)`` = ``audit_event(r, a, b)``,
+    the device's score ``S = sum_t e(r_t, seq1_t, seq2_t) - e(r_t, seq2_t, seq1_t)`` over the steps
+    where the sequences differ is a vote that averages the IRR noise away and so estimates the
+    memoized PRR outputs (for L-GRR, the count of reports equal to v1 minus those equal to v2;
+    for UE chains, the ones of bit v1 minus the ones of bit v2). The events are ``E_c = {S >= c}``
+    for every threshold ``c = 1 .. L`` (``L`` differing steps), all of them tested with the
+    Bonferroni correction below. The theoretical value is the ACCOUNTED longitudinal ε of the
+    pair: ``max(proto.longitudinal_loss(m1), proto.longitudinal_loss(m2))`` where ``mi`` is the
+    largest number of distinct memoized inputs of a device after ``seqi``, read from the memo
+    states (``state.memoized_count()``), so LOLOHA's memoization per hash value and dBitFlipPM's
+    per bucket are counted as the protocol counts them (Arcolezi, Pinzón, Palamidessi & Gambs,
+    EDBT 2023, Eq. 8: each memoized input leaks one ε∞; sequential composition over the memoized
+    inputs). Constant sequences ``(v1, ..., v1)`` vs ``(v2, ..., v2)`` memoize one input: the
+    accounted ε is ε∞ and for a GRR chain the vote recovers nearly all of it once ``τ`` is ~16;
+    sequences that switch to other values half way memoize two inputs (accounted ``2 ε∞``), see
+    :func:`longitudinal_pairs`.
+    The two sequences must repeat values at the same steps: memoization reveals whether an input
+    repeats (the same memoized response comes back), which the count of memoized inputs does not
+    account for. Scope: the vote looks at the values, not at the device's memo cells. LOLOHA
+    (cell = hash value, public hash seed) and dBitFlipPM (cell = case of the public sampled
+    buckets) map different values to one cell on some devices and not on others, so two
+    sequences with the same value pattern can still differ in their cell pattern on a device
+    whose reports say so; an event that conditions on the hash seed / sampled buckets and tests
+    whether the reports change at a switch is not part of this round.
 
 With hit counts ``c1``, ``c2`` out of ``n = trials`` each:
 
@@ -21,17 +54,24 @@ With hit counts ``c1``, ``c2`` out of ``n = trials`` each:
   (the complement ``¬E`` with the roles of ``v1`` and ``v2`` swapped, since ε-LDP also bounds
   ``P(¬E | v2) / P(¬E | v1)``). The two bounds rest on four one-sided Clopper-Pearson
   statements, each made at level ``α/4`` (Bonferroni), so the maximum is a valid lower bound
-  with probability ``>= 1 - α``. ε >= 0 for every mechanism, so the bound is floored at 0.
+  with probability ``>= 1 - α``. With ``m`` events (the longitudinal thresholds) each of the
+  ``4 m`` statements is made at ``α / (4 m)``. ε >= 0 for every mechanism, so the bound is
+  floored at 0. For several events ``ε̂`` and its interval are those of the event with the
+  largest lower bound (selected after the fact: informative, not a confidence statement).
 
-Reports are drawn in chunks (default 200 000 per chunk) so a million trials of a k = 1024 unary
-protocol never hold more than one chunk of reports and memo state in memory.
+Default trial counts (:data:`DEFAULT_TRIALS`): 1 000 000 reports per input for the first and PRR
+rounds, 200 000 devices per sequence for the longitudinal round (``τ = 16`` reports each, 3.2
+million reports per sequence); ``ldp audit`` with these defaults runs all three rounds over
+every default case in about 30 s on 2 cores. Reports are drawn in chunks (default 200 000 per
+chunk) so a million trials of a k = 1024 unary protocol never hold more than one chunk of
+reports and memo state in memory.
 """
 from __future__ import annotations
 
 import inspect
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 from scipy.stats import beta as _beta
@@ -42,7 +82,7 @@ from .errors import LDPError
 ProgressCallback = Callable[[int, int], None]
 
 DEFAULT_CHUNK = 200_000
-CHUNK_BYTES = 64 << 20  # memory budget of one chunk's reports + memo state (SHE at k = 1024: 8 KiB a report)
+CHUNK_BYTES = 64 << 20  # memory budget of one chunk's reports + memo state (SHE at k = 1024: up to 4 KiB a report)
 _SLACK = 1e-9  # float slack of ``passed``: ε computed in float64 vs a bound that can meet it exactly
 
 
@@ -118,20 +158,53 @@ def eps_lower_bound(c1: int, c2: int, n: int, confidence: float = 0.95, compleme
     ``ln(CP_lower(n - c2) / CP_upper(n - c1))``. Each of the ``2 m`` one-sided CP statements
     (``m`` = number of events) is made at ``α / (2 m)``; the result is the largest bound, floored at 0.
     """
+    return eps_lower_bound_events([c1], [c2], n, confidence, complement)[0]
+
+
+def eps_lower_bound_events(c1: list[int], c2: list[int], n: int, confidence: float = 0.95,
+                           complement: bool = True) -> tuple[float, int]:
+    """:func:`eps_lower_bound` over several events ``E_i`` with hit counts ``c1[i]``, ``c2[i]``.
+
+    Every event (and with ``complement`` its complement, roles swapped) is tested, each of the
+    ``2 m`` one-sided CP statements (``m`` = number of events tested) at ``α / (2 m)``, so the
+    largest bound holds with probability ``>= 1 - α``. Returns ``(bound floored at 0, index of
+    the event it came from)`` (index 0 when no event gives a positive bound).
+    """
     alpha = 1.0 - _check_confidence(confidence)
-    _check_binomial(c1, n)
-    _check_binomial(c2, n)
-    events = [(c1, c2)] + ([(n - c2, n - c1)] if complement else [])
+    if len(c1) != len(c2) or not len(c1):
+        raise LDPError(f"need the same positive number of counts under both inputs, got {len(c1)} and {len(c2)}")
+    for a, b in zip(c1, c2):
+        _check_binomial(a, n)
+        _check_binomial(b, n)
+    events = [(i, hi, lo) for i, (a, b) in enumerate(zip(c1, c2))
+              for hi, lo in [(a, b)] + ([(n - b, n - a)] if complement else [])]
     a = alpha / (2 * len(events))
-    bounds = [_log_ratio(cp_lower(hi, n, a), cp_upper(lo, n, a)) for hi, lo in events]
-    valid = [b for b in bounds if not math.isnan(b)]
-    return max([0.0, *valid])
+    best, where = 0.0, 0
+    for i, hi, lo in events:
+        bound = _log_ratio(cp_lower(hi, n, a), cp_upper(lo, n, a))
+        if not math.isnan(bound) and bound > best:
+            best, where = bound, i
+    return best, where
 
 
 # ---------------------------------------------------------------- the audit
+ROUNDS: tuple[str, ...] = ("first", "prr", "longitudinal")
+DEFAULT_TAU = 16  # reports per device in the longitudinal round
+#: default trials per round: reports per input (first, PRR), devices per sequence (longitudinal)
+DEFAULT_TRIALS: dict[str, int] = {"first": 1_000_000, "prr": 1_000_000, "longitudinal": 200_000}
+_THEORY = {"first": "ε1", "prr": "ε∞", "longitudinal": "accounted ε"}
+
+
 @dataclass(frozen=True)
 class AuditResult:
-    """Outcome of one audit: hit counts, ε̂ with its interval, the lower bound and the claimed ε1."""
+    """Outcome of one audit: hit counts, ε̂ with its interval, the lower bound and the claimed ε.
+
+    ``eps_theory`` is the claim the round tests: ``eps_first`` (round ``"first"``), ``eps_inf``
+    (``"prr"``) or the accounted longitudinal ε of the sequence pair (``"longitudinal"``).
+    For the longitudinal round ``trials`` counts devices per sequence, ``seq1``/``seq2`` are the
+    input sequences, ``memoized`` the largest number of memoized inputs of a device after each
+    and ``event`` the event whose counts are reported (``"S>=c"``).
+    """
 
     protocol: str
     params: dict
@@ -145,16 +218,28 @@ class AuditResult:
     eps_hat_ci: tuple[float, float]
     eps_lower: float
     eps_theory: float
+    round: str = "first"
+    seq1: tuple[int, ...] = ()
+    seq2: tuple[int, ...] = ()
+    memoized: tuple[int, int] = (0, 0)
+    event: str = ""
 
     @property
     def passed(self) -> bool:
-        """No evidence of a leak: the lower bound does not exceed the claimed ε1."""
+        """No evidence of a leak: the lower bound does not exceed the claimed ε."""
         return self.eps_lower <= self.eps_theory + _SLACK
 
     @property
     def tightness(self) -> float:
         """``eps_lower / eps_theory`` (1 = the audit certifies the full claimed ε)."""
         return self.eps_lower / self.eps_theory if self.eps_theory > 0 else math.nan
+
+    @property
+    def theory_label(self) -> str:
+        """Which ε ``eps_theory`` is: ``ε1``, ``ε∞`` or ``L(m)`` (longitudinal loss of ``m`` memoized inputs)."""
+        if self.round == "longitudinal":
+            return f"L(m={max(self.memoized)})"
+        return _THEORY.get(self.round, self.round)
 
     @property
     def p1_hat(self) -> float:
@@ -166,40 +251,79 @@ class AuditResult:
 
 
 def _check_input(proto: FrequencyProtocol, v: int, name: str) -> int:
-    if isinstance(v, bool) or int(v) != v or not 0 <= v < proto.k:
+    if isinstance(v, (bool, np.bool_)) or int(v) != v or not 0 <= v < proto.k:
         raise LDPError(f"{name} must be an integer value in [0, {proto.k}), got {v!r}")
     return int(v)
 
 
 def _bytes_per_trial(proto: FrequencyProtocol) -> int:
-    """Bytes of one report plus one device's memo state (keys and ``seen`` bitset)."""
+    """Bytes of one report plus one device's memo state (key and ``seen`` bitset)."""
     report = np.dtype(proto.report_dtype).itemsize * int(np.prod(proto.report_shape, dtype=np.int64))
-    memo = 8 + (proto.memo_size + 7) // 8 if proto.memo_size else 0
+    one = proto.new_state(1) if proto.memo_size else None  # measured: the key format is the state's business
+    memo = one.keys.nbytes + one.seen.nbytes if one is not None else 0
     return max(1, report + memo)
 
 
-def audit(proto: FrequencyProtocol, v1: int = 0, v2: int = 1, trials: int = 1_000_000, seed: int = 0,
-          confidence: float = 0.95, on_progress: ProgressCallback | None = None,
-          chunk: int = DEFAULT_CHUNK) -> AuditResult:
-    """Audit ``proto``'s single-report ε with ``trials`` reports of ``v1`` and ``trials`` of ``v2``.
+def has_memoized_outputs(proto: FrequencyProtocol) -> bool:
+    """Whether ``proto`` memoizes and implements :meth:`~estimators.base.FrequencyProtocol.memoized_outputs`."""
+    return proto.memo_size > 0 and type(proto).memoized_outputs is not FrequencyProtocol.memoized_outputs
 
-    Memoizing protocols get a new device (fresh memo key) per trial. Reports are drawn in chunks
-    of at most ``chunk`` rows, fewer when one chunk of reports and memo state would exceed
-    :data:`CHUNK_BYTES`. ``on_progress(done, total)`` is called after every chunk with the number
-    of reports drawn so far out of ``2 * trials``.
+
+def _check_round(round: str) -> str:
+    if round not in ROUNDS:
+        raise LDPError(f"round must be one of {', '.join(ROUNDS)}, got {round!r}")
+    return round
+
+
+def _check_event(proto: FrequencyProtocol, event: np.ndarray, m: int, hook: str) -> np.ndarray:
+    event = np.asarray(event)
+    if event.shape != (m,):
+        raise LDPError(f"{proto.name}.{hook} must return a boolean array of shape ({m},), "
+                       f"got {event.dtype} {event.shape}")
+    return event
+
+
+def audit(proto: FrequencyProtocol, v1: int = 0, v2: int = 1, trials: int | None = None, seed: int = 0,
+          confidence: float = 0.95, on_progress: ProgressCallback | None = None,
+          chunk: int = DEFAULT_CHUNK, round: str = "first", tau: int = DEFAULT_TAU,
+          seq1: Sequence[int] | None = None, seq2: Sequence[int] | None = None) -> AuditResult:
+    """Audit one round of ``proto`` on inputs ``v1`` and ``v2`` (see the module docstring).
+
+    * ``round="first"``: ``trials`` single reports of ``v1`` and of ``v2`` against ``eps_first``;
+      memoizing protocols get a new device (fresh memo key) per trial.
+    * ``round="prr"``: ``trials`` memoized PRR outputs (``memoized_outputs``, fresh device per
+      trial) of each input against ``eps_inf``.
+    * ``round="longitudinal"``: ``trials`` devices per sequence, each reporting ``seq1``
+      (resp. ``seq2``), by default ``(v1,) * tau`` and ``(v2,) * tau``; against the accounted
+      longitudinal ε (see :func:`audit_longitudinal`).
+
+    ``trials=None`` takes :data:`DEFAULT_TRIALS` of the round. Reports are drawn in chunks of at
+    most ``chunk`` rows, fewer when one chunk of reports and memo state would exceed
+    :data:`CHUNK_BYTES`. ``on_progress(done, total)`` is called after every chunk (every step of
+    a chunk in the longitudinal round) with the number of reports drawn so far.
     """
+    round = _check_round(round)
+    if round == "longitudinal":
+        if (seq1 is None) != (seq2 is None):
+            raise LDPError("pass both seq1 and seq2, or neither")
+        if seq1 is None:
+            tau = _check_positive("tau", tau)
+            seq1, seq2 = (_check_input(proto, v1, "v1"),) * tau, (_check_input(proto, v2, "v2"),) * tau
+        return audit_longitudinal(proto, seq1, seq2, trials, seed, confidence, on_progress, chunk)
+    if seq1 is not None or seq2 is not None:
+        raise LDPError(f"seq1 and seq2 are inputs of the longitudinal round, not of the {round!r} round")
     v1 = _check_input(proto, v1, "v1")
     v2 = _check_input(proto, v2, "v2")
     if v1 == v2:
         raise LDPError(f"v1 and v2 must differ, got {v1} twice")
-    if int(trials) != trials or trials < 1:
-        raise LDPError(f"trials must be a positive integer, got {trials}")
-    if int(chunk) != chunk or chunk < 1:
-        raise LDPError(f"chunk must be a positive integer, got {chunk}")
-    trials, chunk = int(trials), int(chunk)
+    trials = _check_positive("trials", DEFAULT_TRIALS[round] if trials is None else trials)
+    chunk = _check_positive("chunk", chunk)
     confidence = _check_confidence(confidence)
 
     memoizing = proto.memo_size > 0
+    if round == "prr" and not has_memoized_outputs(proto):
+        raise LDPError(f"{proto.name} has no memoized first round to audit (the PRR round needs a "
+                       "memoizing protocol with memoized_outputs)")
     chunk = min(chunk, max(1024, CHUNK_BYTES // _bytes_per_trial(proto)))
     total, done = 2 * trials, 0
     hits = []
@@ -210,12 +334,13 @@ def audit(proto: FrequencyProtocol, v1: int = 0, v2: int = 1, trials: int = 1_00
         while left:
             m = min(chunk, left)
             values = np.full(m, v, dtype=np.int64)
-            state = proto.new_state(m, rng=rng) if memoizing else None
-            reports = proto.randomize(values, rng, state=state)
-            event = np.asarray(proto.audit_event(reports, v1, v2))
-            if event.shape != (m,):
-                raise LDPError(f"{proto.name}.audit_event must return a boolean array of shape ({m},), "
-                               f"got {event.dtype} {event.shape}")
+            if round == "prr":  # the memoized output alone, a fresh device per trial
+                prr = proto.memoized_outputs(values, proto.new_state(m, rng=rng))
+                event = _check_event(proto, proto.memoized_audit_event(prr, v1, v2), m, "memoized_audit_event")
+            else:
+                state = proto.new_state(m, rng=rng) if memoizing else None
+                reports = proto.randomize(values, rng, state=state)
+                event = _check_event(proto, proto.audit_event(reports, v1, v2), m, "audit_event")
             count += int(np.count_nonzero(event))
             left -= m
             done += m
@@ -230,8 +355,173 @@ def audit(proto: FrequencyProtocol, v1: int = 0, v2: int = 1, trials: int = 1_00
         eps_hat=eps_point_estimate(c1, c2, trials),
         eps_hat_ci=eps_interval(c1, c2, trials, confidence),
         eps_lower=eps_lower_bound(c1, c2, trials, confidence),
-        eps_theory=float(proto.eps_first),
+        eps_theory=float(proto.eps_first if round == "first" else proto.eps_inf),
+        round=round,
     )
+
+
+def _check_positive(name: str, x: int) -> int:
+    if isinstance(x, bool) or int(x) != x or x < 1:
+        raise LDPError(f"{name} must be a positive integer, got {x}")
+    return int(x)
+
+
+def _pattern(seq: tuple[int, ...]) -> tuple[int, ...]:
+    """The equality pattern of a sequence: each step's index of the first step with the same value."""
+    first: dict[int, int] = {}
+    return tuple(first.setdefault(v, t) for t, v in enumerate(seq))
+
+
+Seq = tuple[int, ...]
+
+
+def _check_sequences(proto: FrequencyProtocol, seq1: Sequence[int], seq2: Sequence[int]) -> tuple[Seq, Seq]:
+    s1 = tuple(_check_input(proto, v, "seq1 values") for v in seq1)
+    s2 = tuple(_check_input(proto, v, "seq2 values") for v in seq2)
+    if not s1 or len(s1) != len(s2):
+        raise LDPError(f"seq1 and seq2 must be non-empty and of the same length, got {len(s1)} and {len(s2)}")
+    if s1 == s2:
+        raise LDPError("seq1 and seq2 must differ at some step")
+    if _pattern(s1) != _pattern(s2):
+        raise LDPError("seq1 and seq2 must change value at the same steps (seq1[t] == seq1[u] exactly when "
+                       "seq2[t] == seq2[u]): memoization reveals whether a device's input repeats, so the "
+                       "accounted loss of memoized inputs does not bound sequences that differ in that")
+    return s1, s2
+
+
+def audit_longitudinal(proto: FrequencyProtocol, seq1: Sequence[int], seq2: Sequence[int],
+                       trials: int | None = None, seed: int = 0, confidence: float = 0.95,
+                       on_progress: ProgressCallback | None = None, chunk: int = DEFAULT_CHUNK) -> AuditResult:
+    """Longitudinal audit: ``trials`` fresh devices report ``seq1`` (resp. ``seq2``) step by step.
+
+    Device score ``S = sum_t e(r_t, seq1_t, seq2_t) - e(r_t, seq2_t, seq1_t)`` over the ``L``
+    steps where the sequences differ (``e`` = ``proto.audit_event``); events ``{S >= c}``,
+    ``c = 1 .. L``, with Bonferroni over all of them (:func:`eps_lower_bound_events`). The claim
+    is ``max_i proto.longitudinal_loss(max memoized inputs of a device after seq_i)``, read from
+    the memo states after the run (Arcolezi, Pinzón, Palamidessi & Gambs, EDBT 2023, Eq. 8).
+    ``on_progress(done, total)`` counts reports, ``total = 2 * trials * len(seq1)``.
+    """
+    if proto.memo_size <= 0:
+        raise LDPError(f"{proto.name} does not memoize: its longitudinal loss is unbounded and the "
+                       "longitudinal round does not apply")
+    s1, s2 = _check_sequences(proto, seq1, seq2)
+    trials = _check_positive("trials", DEFAULT_TRIALS["longitudinal"] if trials is None else trials)
+    chunk = _check_positive("chunk", chunk)
+    confidence = _check_confidence(confidence)
+    chunk = min(chunk, max(1024, CHUNK_BYTES // (_bytes_per_trial(proto) + 8)))
+    diff = [t for t in range(len(s1)) if s1[t] != s2[t]]
+    L = len(diff)
+
+    total, done = 2 * trials * len(s1), 0
+    hist = [np.zeros(2 * L + 1, dtype=np.int64), np.zeros(2 * L + 1, dtype=np.int64)]
+    memoized = [0, 0]
+    for side, ss in enumerate(np.random.SeedSequence(seed).spawn(2)):  # one stream per sequence
+        rng = np.random.default_rng(ss)
+        seq = (s1, s2)[side]
+        left = trials
+        while left:
+            m = min(chunk, left)
+            state = proto.new_state(m, rng=rng)  # fresh devices
+            score = np.zeros(m, dtype=np.int64)
+            for t, v in enumerate(seq):
+                reports = proto.randomize(np.full(m, v, dtype=np.int64), rng, state=state)
+                if s1[t] != s2[t]:
+                    score += _check_event(proto, proto.audit_event(reports, s1[t], s2[t]), m, "audit_event")
+                    score -= _check_event(proto, proto.audit_event(reports, s2[t], s1[t]), m, "audit_event")
+                done += m
+                if on_progress is not None:
+                    on_progress(done, total)
+            hist[side] += np.bincount(score + L, minlength=2 * L + 1)
+            memoized[side] = max(memoized[side], int(state.memoized_count().max()))
+            left -= m
+
+    # hits of E_c = {S >= c}: tail sums of the score histograms, c = 1 .. L
+    tails = [np.cumsum(h[::-1])[::-1] for h in hist]
+    c1 = [int(tails[0][c + L]) for c in range(1, L + 1)]
+    c2 = [int(tails[1][c + L]) for c in range(1, L + 1)]
+    lower, i = eps_lower_bound_events(c1, c2, trials, confidence)
+    accounted = max(float(proto.longitudinal_loss(memoized[0])), float(proto.longitudinal_loss(memoized[1])))
+    return AuditResult(
+        protocol=proto.name, params=proto.params(), v1=s1[diff[0]], v2=s2[diff[0]], trials=trials,
+        confidence=confidence, hits1=c1[i], hits2=c2[i],
+        eps_hat=eps_point_estimate(c1[i], c2[i], trials),
+        eps_hat_ci=eps_interval(c1[i], c2[i], trials, confidence),
+        eps_lower=lower, eps_theory=accounted,
+        round="longitudinal", seq1=s1, seq2=s2, memoized=(memoized[0], memoized[1]), event=f"S>={i + 1}",
+    )
+
+
+def longitudinal_pairs(k: int, v1: int = 0, v2: int = 1, tau: int = DEFAULT_TAU) -> list[tuple[Seq, Seq]]:
+    """The default sequence pairs of the longitudinal round for a domain of size ``k``.
+
+    * constant: ``(v1,) * tau`` vs ``(v2,) * tau``: one memoized input each, accounted ε = ε∞
+      (the vote over ``tau`` reports recovers the PRR, so the bound approaches ε∞);
+    * switching (``k >= 4``, ``tau >= 2``): ``v1`` then ``a`` vs ``v2`` then ``b``, half of the
+      steps each, with ``a``, ``b`` the two smallest values other than ``v1``, ``v2``: two memoized
+      inputs each (fewer for a device whose hash or bucket collides), accounted ``2 ε∞``
+      (``min(2, d + 1) ε∞`` for dBitFlipPM).
+    """
+    tau = _check_positive("tau", tau)
+    pairs = [((v1,) * tau, (v2,) * tau)]
+    if k >= 4 and tau >= 2:
+        a, b = [v for v in range(k) if v not in (v1, v2)][:2]
+        h = tau // 2
+        pairs.append(((v1,) * h + (a,) * (tau - h), (v2,) * h + (b,) * (tau - h)))
+    return pairs
+
+
+@dataclass(frozen=True)
+class AuditJob:
+    """One audit to run: a protocol, a round and its inputs (values, or sequences for the
+    longitudinal round)."""
+
+    name: str
+    proto: FrequencyProtocol
+    round: str
+    v1: int = 0
+    v2: int = 1
+    seq1: tuple[int, ...] | None = None
+    seq2: tuple[int, ...] | None = None
+
+    def reports(self, trials: int | None = None) -> int:
+        """Reports the job draws with ``trials`` (default: the round's)."""
+        n = DEFAULT_TRIALS[self.round] if trials is None else trials
+        return 2 * n * (len(self.seq1) if self.seq1 else 1)
+
+    def run(self, trials: int | None = None, seed: int = 0, confidence: float = 0.95,
+            on_progress: ProgressCallback | None = None) -> AuditResult:
+        return audit(self.proto, self.v1, self.v2, trials=trials, seed=seed, confidence=confidence,
+                     on_progress=on_progress, round=self.round, seq1=self.seq1, seq2=self.seq2)
+
+
+def plan_round(cases: list[tuple[str, FrequencyProtocol]], round: str, v1: int = 0, v2: int = 1,
+               tau: int = DEFAULT_TAU, seq1: Sequence[int] | None = None,
+               seq2: Sequence[int] | None = None) -> tuple[list[AuditJob], list[SkippedCase]]:
+    """The audits of one round over built protocols ``(name, proto)``.
+
+    ``"first"``: every case. ``"prr"`` and ``"longitudinal"``: memoizing cases only (memoryless
+    protocols have no memoized round and an unbounded longitudinal loss: not applicable, not
+    skipped); a memoizing protocol without ``memoized_outputs`` is skipped in the PRR round.
+    The longitudinal round runs ``seq1``/``seq2`` if given, else :func:`longitudinal_pairs`.
+    """
+    round = _check_round(round)
+    jobs: list[AuditJob] = []
+    skipped: list[SkippedCase] = []
+    for name, proto in cases:
+        if round == "first":
+            jobs.append(AuditJob(name, proto, round, v1, v2))
+        elif proto.memo_size <= 0:
+            continue
+        elif round == "prr":
+            if has_memoized_outputs(proto):
+                jobs.append(AuditJob(name, proto, round, v1, v2))
+            else:
+                skipped.append(SkippedCase(name, proto.params(), "no memoized_outputs (PRR round)"))
+        else:
+            pairs = ([(tuple(seq1), tuple(seq2))] if seq1 is not None and seq2 is not None
+                     else longitudinal_pairs(proto.k, v1, v2, tau))
+            jobs += [AuditJob(name, proto, round, v1, v2, a, b) for a, b in pairs]
+    return jobs, skipped
 
 
 # ---------------------------------------------------------------- default cases
@@ -353,33 +643,65 @@ def default_audit_cases(k: int = 8) -> list[tuple[str, dict]]:
     return plan_audit_cases(k).cases
 
 
-def audit_defaults(k: int = 8, trials: int = 1_000_000, seed: int = 0, confidence: float = 0.95,
-                   on_progress: ProgressCallback | None = None) -> tuple[list[AuditResult], list[SkippedCase]]:
-    """Audit every default case; ``on_progress(done, total)`` counts reports over all cases."""
+def audit_defaults(k: int = 8, trials: int | None = None, seed: int = 0, confidence: float = 0.95,
+                   on_progress: ProgressCallback | None = None, round: str = "first",
+                   tau: int = DEFAULT_TAU) -> tuple[list[AuditResult], list[SkippedCase]]:
+    """Audit every default case in one round (:func:`plan_audit_cases`, :func:`plan_round`).
+
+    ``trials=None`` takes :data:`DEFAULT_TRIALS` of the round; ``on_progress(done, total)``
+    counts reports over all cases of the round.
+    """
     from . import make
 
     plan = plan_audit_cases(k)
-    total = 2 * trials * len(plan.cases)
-    results = []
-    for i, (name, params) in enumerate(plan.cases):
+    jobs, skipped = plan_round([(name, make(name, **params)) for name, params in plan.cases], round, tau=tau)
+    total = sum(j.reports(trials) for j in jobs)
+    results, offset = [], 0
+    for job in jobs:
         cb = None
         if on_progress is not None:
-            offset = 2 * trials * i
             cb = lambda d, _t, o=offset: on_progress(o + d, total)  # noqa: E731
-        results.append(audit(make(name, **params), trials=trials, seed=seed, confidence=confidence, on_progress=cb))
-    return results, plan.skipped
+        results.append(job.run(trials=trials, seed=seed, confidence=confidence, on_progress=cb))
+        offset += job.reports(trials)
+    return results, plan.skipped + skipped
+
+
+def _runs(seq: tuple[int, ...]) -> str:
+    """Run-length text of a sequence: ``(0, 0, 0, 2, 2)`` -> ``0x3,2x2``."""
+    out: list[str] = []
+    i = 0
+    while i < len(seq):
+        j = i
+        while j < len(seq) and seq[j] == seq[i]:
+            j += 1
+        out.append(f"{seq[i]}x{j - i}")
+        i = j
+    return ",".join(out)
+
+
+def describe_inputs(r: AuditResult) -> str:
+    """``v1 vs v2``, or the two sequences (run-length) of a longitudinal result."""
+    if r.round == "longitudinal":
+        return f"{_runs(r.seq1)} vs {_runs(r.seq2)}"
+    return f"{r.v1} vs {r.v2}"
 
 
 def format_results(results: list[AuditResult], skipped: list[SkippedCase] = ()) -> str:
-    """A plain-text table of audit results (and the skipped cases)."""
+    """A plain-text table of audit results, one block per round (and the skipped cases).
+
+    Columns: the round, the protocol and its parameters, the inputs (values, or sequences of the
+    longitudinal round), which ε is claimed (``ε1``, ``ε∞`` or ``L(m=...)``, the accounted
+    longitudinal loss of ``m`` memoized inputs), its value, the lower bound, ε̂ and the tightness.
+    """
     def extra(p: dict) -> str:
         return " ".join(f"{k}={v}" for k, v in p.items() if k not in ("protocol", "k"))
 
-    lines = [f"{'protocol':<11} {'params':<52} {'eps_theory':>10} {'eps_lower':>10} {'eps_hat':>8} "
-             f"{'tight':>6} {'pass':>5}"]
+    lines = [f"{'round':<12} {'protocol':<11} {'params':<52} {'inputs':<15} {'claim':>7} {'eps_theory':>10} "
+             f"{'eps_lower':>10} {'eps_hat':>8} {'tight':>6} {'pass':>5}"]
     for r in results:
-        lines.append(f"{r.protocol:<11} {extra(r.params):<52} {r.eps_theory:>10.4f} {r.eps_lower:>10.4f} "
-                     f"{r.eps_hat:>8.4f} {r.tightness:>6.3f} {str(r.passed):>5}")
+        lines.append(f"{r.round:<12} {r.protocol:<11} {extra(r.params):<52} {describe_inputs(r):<15} "
+                     f"{r.theory_label:>7} {r.eps_theory:>10.4f} {r.eps_lower:>10.4f} {r.eps_hat:>8.4f} "
+                     f"{r.tightness:>6.3f} {str(r.passed):>5}")
     for s in skipped:
         lines.append(f"{s.name:<11} SKIPPED {extra(s.params)}: {s.reason}")
     return "\n".join(lines)

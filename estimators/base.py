@@ -100,7 +100,7 @@ class FrequencyProtocol(ABC):
         return MemoState.fresh(self.fingerprint, n_devices, self.memo_size, rng)
 
     @abstractmethod
-    def randomize(self, values: np.ndarray, rng: np.random.Generator,
+    def randomize(self, values: np.ndarray, rng: np.random.Generator | None = None,
                   state: MemoState | None = None) -> np.ndarray:
         """Randomize a batch: ``values`` int array ``(n,)``, device ``i`` = row ``i``."""
 
@@ -161,10 +161,22 @@ class FrequencyProtocol(ABC):
             raise LDPError(f"n must be a positive integer, got {n}")
         return c
 
-    # ---------------------------------------------------------------- audit hook
+    # ---------------------------------------------------------------- audit hooks
     def audit_event(self, reports: np.ndarray, v1: int, v2: int) -> np.ndarray:
         """Boolean ``(n,)``: the distinguishing event of the privacy audit (supports v1, not v2)."""
         raise NotImplementedError
+
+    def memoized_outputs(self, values: np.ndarray, state: MemoState) -> np.ndarray:
+        """Memoizing protocols: each device's memoized first-round output (the PRR of RAPPOR,
+        Erlingsson, Pihur & Korolova, CCS 2014) for ``values``, without the per-report second
+        round and without marking anything memoized (``state.seen`` is left unchanged)."""
+        raise NotImplementedError(f"{self.name} has no memoized first round")
+
+    def memoized_audit_event(self, prr_reports: np.ndarray, v1: int, v2: int) -> np.ndarray:
+        """Boolean ``(n,)``: the distinguishing event of the PRR audit, on outputs of
+        :meth:`memoized_outputs`. Every protocol here formats its PRR output like a report, and
+        its :meth:`audit_event` has probability ratio exactly ``e^ε∞`` on it, so that is the default."""
+        return self.audit_event(prr_reports, v1, v2)
 
     # ---------------------------------------------------------------- wire codec
     @property

@@ -5,9 +5,9 @@ Device side
       "close values will fall into the same bucket"); bucket ``j`` holds the values
       ``[ceil(j k / b), ceil((j + 1) k / b))``, so bucket widths differ by at most one.
     * Each device draws ``d`` distinct bucket indices ``j_1 < ... < j_d`` uniformly without
-      replacement ONCE: they are a deterministic function of the device's secret memo key
-      (counter-based randomness, :mod:`estimators._rand`), so they are fixed forever and
-      survive restarts with the key.
+      replacement ONCE: they are a deterministic function of the device's secret 256-bit memo
+      key (its ChaCha20 stream ``(key, BITFLIP_J, 0)``, :mod:`estimators.randomness`), so they
+      are fixed forever and survive restarts with the key.
     * Its report is the ``d`` pairs ``(j_l, x_l)`` with ``P(x_l = 1) = p = e^{ε/2}/(e^{ε/2}+1)``
       if ``bucket(v) = j_l`` else ``q = 1/(e^{ε/2}+1)`` (seed 001 §2.4.4). There is no IRR
       round: the response is memoized and every later report with the same bucket repeats it.
@@ -24,7 +24,9 @@ Memoization and longitudinal loss
     each unsampled bucket its own independent response: up to ``b`` of them, for which
     composition only gives ``min(m, b) ε∞``, and bucket changes between unsampled buckets
     would become detectable.) The ``seen`` bitset of the memo state still records buckets
-    (``memo_size = b``); ``longitudinal_loss(m) = min(m, d + 1, b) ε∞``.
+    (``memo_size = b``); ``longitudinal_loss(m) = min(m, d + 1, b) ε∞``. The bits of case ``c``
+    are the stream ``(memo key, BITFLIP_BIT, c)``: a keyed PRF, so the responses of different
+    cases are computationally independent and reveal nothing about the key.
 
 ε of one report (computed, not echoed)
     ``J`` is independent of the value, so only the bits matter. With ``d >= 2`` two sampled
@@ -157,14 +159,25 @@ class DBitFlipPM(PureProtocol):
         return np.minimum(np.maximum(m, 0), self.memo_cases) * self.eps_inf
 
     # ---------------------------------------------------------------- device side
-    def randomize(self, values: np.ndarray, rng: np.random.Generator,
+    def randomize(self, values: np.ndarray, rng: np.random.Generator | None = None,
                   state: MemoState | None = None) -> np.ndarray:
         """Memoized reports ``(n, d)`` of pair codes; ``rng`` is unused (no fresh randomness)."""
         v = self.check_values(values)
         st = self._state_for(state, v.shape[0])
+        return self._respond(v, st.keys, st.seen)
+
+    def memoized_outputs(self, values: np.ndarray, state: MemoState) -> np.ndarray:
+        """The devices' memoized responses for ``values`` without marking anything memoized.
+
+        There is no second round: this is exactly what :meth:`randomize` reports."""
+        v = self.check_values(values)
+        st = self._state_for(state, v.shape[0])
+        return self._respond(v, st.keys, st.seen.copy())
+
+    def _respond(self, v: np.ndarray, keys: np.ndarray, seen: np.ndarray) -> np.ndarray:
+        """The one call of the dBitFlipPM kernel: memoized responses, marking buckets in ``seen``."""
         out = np.empty((v.shape[0], self.d), dtype=self._dtype)
-        return kernels.bitflip_randomize(v, st.keys, st.seen, out, self.k, self.b,
-                                         self.p, self.q, self._floyd)
+        return kernels.bitflip_randomize(v, keys, seen, out, self.k, self.b, self.p, self.q, self._floyd)
 
     # ---------------------------------------------------------------- server side
     @property

@@ -6,13 +6,13 @@ from typing import ClassVar
 import numpy as np
 
 from . import kernels
-from ._rand import draw_seed
+from .randomness import KEY_WORDS, noise_key
 from .base import SingleShotPure, check_domain, check_eps
 from .errors import InvalidReports
-from .longitudinal import Rounds, TwoRoundProtocol, grr_chain_eps_first, grr_chain_p2, grr_eps
+from .longitudinal import NO_NOISE_KEY, Rounds, TwoRoundProtocol, grr_chain_eps_first, grr_chain_p2, grr_eps
 from .memo import MemoState
 
-_NO_KEYS = np.zeros(0, dtype=np.uint64)
+_NO_KEYS = np.zeros((0, KEY_WORDS), dtype=np.uint32)
 _NO_SEEN = np.zeros((0, 0), dtype=np.uint8)
 
 
@@ -68,10 +68,10 @@ class GRR(_DirectReports, SingleShotPure):
     def eps_first(self) -> float:
         return grr_eps(self.p, self.q)
 
-    def randomize(self, values, rng, state=None):
+    def randomize(self, values, rng=None, state=None):
         v = self.check_values(values)
         self._state_for(state, v.shape[0])
-        out = kernels.grr_chain_randomize(v, _NO_KEYS, False, _NO_SEEN, draw_seed(rng), self.p, 1.0, self.k)
+        out = kernels.grr_chain_randomize(v, _NO_KEYS, False, _NO_SEEN, noise_key(rng), self.p, 1.0, self.k)
         return out.astype(self.report_dtype)
 
 
@@ -107,6 +107,18 @@ class GRRChain(TwoRoundProtocol):
         """True ε of one report, ``ps / (q1 p2 + (1 - q1) q2)`` (Eq. 12 / Thm. 3.4 are its m = 2 case)."""
         return grr_chain_eps_first(self.rounds, self.chain_size)
 
+    def _chain(self, x: np.ndarray, keys: np.ndarray, seen: np.ndarray, nkey: np.ndarray | None,
+               irr: bool) -> np.ndarray:
+        """The memoized chain over ``[0, chain_size)`` for inputs ``x``: the PRR of ``(key, x)``
+        (marking ``x`` in ``seen``), then with ``irr`` the IRR from the batch noise key ``nkey``;
+        without it the PRR output alone (``p2 = 1`` disables the second round; ``nkey`` is unused).
+
+        The one call of the GRR-chain kernel for memoized reports (L-GRR and LOLOHA).
+        """
+        nkey = NO_NOISE_KEY if nkey is None else nkey
+        return kernels.grr_chain_randomize(x, keys, True, seen, nkey, self.p1, self.p2 if irr else 1.0,
+                                           self.chain_size)
+
 
 class LGRR(_DirectReports, GRRChain):
     """Longitudinal GRR: GRR(ε∞) memoized, then GRR re-randomization per report (seed 000 §4.2)."""
@@ -116,8 +128,14 @@ class LGRR(_DirectReports, GRRChain):
     def __init__(self, k: int, eps_inf: float, eps_1: float, calibration="exact") -> None:
         TwoRoundProtocol.__init__(self, check_domain(k), eps_inf, eps_1, calibration)
 
-    def randomize(self, values, rng, state: MemoState | None = None):
+    def randomize(self, values, rng=None, state: MemoState | None = None):
         v = self.check_values(values)
         st = self._state_for(state, v.shape[0])
-        out = kernels.grr_chain_randomize(v, st.keys, True, st.seen, draw_seed(rng), self.p1, self.p2, self.k)
-        return out.astype(self.report_dtype)
+        return self._chain(v, st.keys, st.seen, noise_key(rng), irr=True).astype(self.report_dtype)
+
+    def memoized_outputs(self, values: np.ndarray, state: MemoState) -> np.ndarray:
+        """The devices' PRR outputs for ``values`` (GRR(ε∞) of the value, memoized per
+        ``(key, value)``), without the IRR round and without marking anything memoized."""
+        v = self.check_values(values)
+        st = self._state_for(state, v.shape[0])
+        return self._chain(v, st.keys, st.seen.copy(), None, irr=False).astype(self.report_dtype)

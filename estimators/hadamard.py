@@ -37,10 +37,10 @@ import numpy as np
 
 from . import kernels
 from . import postprocess as _pp
-from ._rand import draw_seed
 from .base import FrequencyProtocol, PureProtocol, check_domain, check_eps
 from .errors import InvalidReports, LDPError
 from .memo import MemoState
+from .randomness import noise_key
 
 MAX_K = 1 << 24  # the server keeps a K-long int64 table per thread (K <= 2**25: 256 MiB)
 
@@ -136,10 +136,10 @@ class HR(_Hadamard, PureProtocol):
                                  f"is not a row of the order-{self.K} Hadamard matrix")
 
     # ---------------------------------------------------------------- device / server
-    def randomize(self, values, rng, state: MemoState | None = None):
+    def randomize(self, values, rng=None, state: MemoState | None = None):
         v = self.check_values(values)
         self._state_for(state, v.shape[0])
-        return kernels.hr_randomize(v, draw_seed(rng), self.p, self.K).astype(self.report_dtype)
+        return kernels.hr_randomize(v, noise_key(rng), self.p, self.K).astype(self.report_dtype)
 
     def support(self, reports: np.ndarray) -> np.ndarray:
         """``C(v)`` = number of reports ``(j, b)`` with ``H[j, v+1] = b``, via one FWHT."""
@@ -217,10 +217,10 @@ class FHR(_Hadamard, FrequencyProtocol):
                 raise InvalidReports("FHR report puts its +1 and its -1 at the same position")
 
     # ---------------------------------------------------------------- device / server
-    def randomize(self, values, rng, state: MemoState | None = None):
+    def randomize(self, values, rng=None, state: MemoState | None = None):
         v = self.check_values(values)
         self._state_for(state, v.shape[0])
-        return kernels.fhr_randomize(v, draw_seed(rng), self.p, self.K).astype(self.report_dtype)
+        return kernels.fhr_randomize(v, noise_key(rng), self.p, self.K).astype(self.report_dtype)
 
     def support(self, reports: np.ndarray) -> np.ndarray:
         """``C(t) = (z . H(t)) / 2`` with ``z = sum_i b_i`` (integer; may be negative), via one FWHT."""

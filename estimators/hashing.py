@@ -31,14 +31,14 @@ from typing import ClassVar
 import numpy as np
 
 from . import kernels
-from ._rand import draw_seed
+from .randomness import KEY_WORDS, noise_key
 from .base import PureProtocol, check_domain, check_eps
 from .direct import GRRChain, grr_probabilities
 from .errors import InfeasibleParameters, InvalidReports, LDPError
-from .longitudinal import Calibration, TwoRoundProtocol, grr_eps
+from .longitudinal import NO_NOISE_KEY, Calibration, TwoRoundProtocol, grr_eps
 from .memo import MemoState
 
-_NO_KEYS = np.zeros(0, dtype=np.uint64)
+_NO_KEYS = np.zeros((0, KEY_WORDS), dtype=np.uint32)
 _NO_SEEN = np.zeros((0, 0), dtype=np.uint8)
 MAX_HASH_RANGE = 1 << 32  # g and k must fit the 32-bit hash input / output
 
@@ -180,12 +180,12 @@ class LocalHashing(_HashedReports, PureProtocol):
         """ln(p / q): the GRR round's ratio (the hash function is independent of the value)."""
         return grr_eps(self.p, self.q)
 
-    def randomize(self, values, rng, state=None):
+    def randomize(self, values, rng=None, state=None):
         v = self.check_values(values)
         self._state_for(state, v.shape[0])
-        seed = draw_seed(rng)
-        hseeds, x = kernels.lh_encode(v, _NO_KEYS, False, seed, self.g)
-        y = kernels.grr_chain_randomize(x, _NO_KEYS, False, _NO_SEEN, seed, self.p, 1.0, self.g)
+        nkey = noise_key(rng)
+        hseeds, x = kernels.lh_encode(v, _NO_KEYS, False, nkey, self.g)
+        y = kernels.grr_chain_randomize(x, _NO_KEYS, False, _NO_SEEN, nkey, self.p, 1.0, self.g)
         return self._pack(hseeds, y)
 
 
@@ -249,21 +249,22 @@ class LOLOHA(_HashedReports, GRRChain):
         """Memoization is per hash value: at most ``g`` memoized inputs (Thm. 3.5)."""
         return self.g
 
-    def randomize(self, values, rng, state: MemoState | None = None):
+    def _hashed_chain(self, v: np.ndarray, keys: np.ndarray, seen: np.ndarray, nkey: np.ndarray | None,
+                      irr: bool) -> np.ndarray:
+        """Hash with the device's fixed hash function, then the GRR chain over ``[0, g)``
+        (with the IRR round iff ``irr``): packed ``(hash seed, y)`` reports."""
+        hseeds, x = kernels.lh_encode(v, keys, True, NO_NOISE_KEY if nkey is None else nkey, self.g)
+        return self._pack(hseeds, self._chain(x, keys, seen, nkey, irr))
+
+    def randomize(self, values, rng=None, state: MemoState | None = None):
         """Alg. 1 for one time step of ``n`` devices (device ``i`` = row ``i`` of ``state``)."""
         v = self.check_values(values)
         st = self._state_for(state, v.shape[0])
-        seed = draw_seed(rng)
-        hseeds, x = kernels.lh_encode(v, st.keys, True, seed, self.g)
-        y = kernels.grr_chain_randomize(x, st.keys, True, st.seen, seed, self.p1, self.p2, self.g)
-        return self._pack(hseeds, y)
+        return self._hashed_chain(v, st.keys, st.seen, noise_key(rng), irr=True)
 
     def memoized_outputs(self, values: np.ndarray, state: MemoState) -> np.ndarray:
         """The devices' (hash seed, PRR output x') for ``values``, without the IRR round and
-        without marking anything memoized (inspection and tests)."""
+        without marking anything memoized (inspection, tests and the PRR audit)."""
         v = self.check_values(values)
         st = self._state_for(state, v.shape[0])
-        hseeds, x = kernels.lh_encode(v, st.keys, True, np.uint64(0), self.g)
-        scratch = st.seen.copy()
-        y = kernels.grr_chain_randomize(x, st.keys, True, scratch, np.uint64(0), self.p1, 1.0, self.g)
-        return self._pack(hseeds, y)
+        return self._hashed_chain(v, st.keys, st.seen.copy(), None, irr=False)

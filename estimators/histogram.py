@@ -6,7 +6,8 @@ The device one-hot encodes its value ``x`` as ``B = e_x`` (L1 sensitivity ``Δ =
 two inputs) and adds Laplace noise of scale ``b = 2/ε`` to each of the ``k`` coordinates:
 ``y_j = B_j + Lap(b)``. That is ε-LDP; everything below is post-processing of ``y``.
 
-* **SHE** sends ``y`` itself in fixed point (see :class:`SHE`); the server sums.
+* **SHE** sends ``y`` itself, with the Laplace noise replaced by its discrete analogue
+  (integer reports, exact sampler and exact ε; see :class:`SHE`); the server sums.
 * **THE** sends the set ``{j : y_j > θ}`` as a packed k-bit vector (like UE). Bit ``j`` is 1
   w.p. ``ps = 1 - F(θ - 1) = 1 - ½ e^{-ε(1-θ)/2}`` if ``j = x`` and ``qs = 1 - F(θ) =
   ½ e^{-εθ/2}`` otherwise (``F`` the Laplace(b) CDF, ``0 < θ < 1``), independently given
@@ -19,6 +20,7 @@ two inputs) and adds Laplace noise of scale ``b = 2/ε`` to each of the ``k`` co
 """
 from __future__ import annotations
 
+import math
 from typing import ClassVar
 
 import numpy as np
@@ -26,13 +28,13 @@ from scipy.optimize import minimize_scalar
 
 from . import kernels
 from . import postprocess as _pp
-from ._rand import draw_seed, quantize32, threshold32
+from .randomness import KEY_WORDS, noise_key, quantize32, threshold32
 from .base import FrequencyProtocol, SingleShotPure, check_domain, check_eps
 from .errors import InfeasibleParameters, InvalidReports, LDPError
 from .longitudinal import ue_eps
 from .unary import _UnaryReports
 
-_NO_KEYS = np.zeros(0, dtype=np.uint64)
+_NO_KEYS = np.zeros((0, KEY_WORDS), dtype=np.uint32)
 _NO_SEEN = np.zeros((0, 0), dtype=np.uint8)
 _ONE_ROUND = (np.uint64(1 << 32), np.uint64(0))  # IRR disabled: keep every PRR bit
 
@@ -90,75 +92,84 @@ class THE(_UnaryReports, SingleShotPure):
         """
         return ue_eps(self.p, self.q)
 
-    def randomize(self, values, rng, state=None):
+    def randomize(self, values, rng=None, state=None):
         v = self.check_values(values)
         self._state_for(state, v.shape[0])
-        return kernels.ue_chain_randomize(v, _NO_KEYS, False, _NO_SEEN, draw_seed(rng),
+        return kernels.ue_chain_randomize(v, _NO_KEYS, False, _NO_SEEN, noise_key(rng),
                                           threshold32(self.p), threshold32(self.q), *_ONE_ROUND, self.k)
 
 
 # ====================================================================== SHE
-SHE_SCALE_BITS = 12
-SHE_SCALE = 1 << SHE_SCALE_BITS  # fixed-point units per 1.0 of the noisy one-hot vector
-SHE_TAIL = 16.0                  # clip |y| at 1 + 16 noise scales
-SHE_MIN_EPS = 1e-4               # the clip bound must fit in int32
-SHE_MAX_EPS = 16.0               # the clip bound must lie well inside the sampler's range (see SHE)
+SHE_T_BITS = kernels.SHE_T_BITS  # γ = s / 2^48 (t = 2^48 in Canonne-Kamath-Steinke's notation)
+SHE_TAIL = 40                    # clip |y| at 1 + ceil(40/γ): 40 noise scales beyond the one-hot
+SHE_MIN_EPS = 1e-4               # |2γ - ε| / ε <= 2^-47 / ε < 1e-9 (7.1e-11); the bound fits int32
+SHE_MAX_EPS = 64.0               # s <= 2^53: 2 s / 2^48 is exact in float64, int64 far from overflow
 
 
-def _rounded_laplace_moments(beta: float, c: int, bound: int) -> tuple[float, float]:
-    """Mean and variance of ``clip(c + D, -bound, bound)``, ``D = round(Laplace(beta))``.
+def she_noise_parameter(eps: float) -> int:
+    """``s = floor((ε/2) 2^48)``: SHE's noise parameter ``γ = s / 2^48`` (``2γ <= ε``, and
+    ``ε - 2γ < 2^-47``, i.e. relative ``< 7.1e-15 / ε``; ``2γ = ε`` exactly for dyadic ε).
+    ``math.ldexp`` scales by a power of two exactly, so ``s`` is the exact floor."""
+    return int(math.floor(math.ldexp(float(eps), SHE_T_BITS - 1)))
 
-    ``D`` rounded half away from zero has ``P(D = 0) = 1 - r^{1/2}`` and ``P(D = m) = a r^|m|``
-    (``r = e^{-1/beta}``, ``a = sinh(1/(2 beta))``). With ``T1(t) = E[(D - t)^+] = a r^{t+1} /
-    (1-r)^2`` and ``T2(t) = E[(D^2 - t^2) 1{D > t}] = a r^t (2 t r / (1-r)^2 + r (1+r) / (1-r)^3)``,
-    clipping ``D`` to ``[-lo, hi]`` (``lo = bound + c``, ``hi = bound - c``) gives
-    ``E = T1(lo) - T1(hi)`` and ``E[.^2] = E[D^2] - T2(hi) - T2(lo)``, ``E[D^2] = 2 a r (1+r)/(1-r)^3``.
+
+def _discrete_laplace_moments(s: int, c: int, bound: int) -> tuple[float, float]:
+    """Mean and variance of ``clip(c + Z, -bound, bound)``, ``Z`` discrete Laplace with
+    ``P(Z = z) = (1-α)/(1+α) α^|z|``, ``α = e^{-γ}``, ``γ = s / 2^48``.
+
+    With ``T1(h) = E[(Z - h)^+] = α^{h+1} / ((1+α)(1-α))`` and ``T2(h) = E[(Z^2 - h^2) 1{Z > h}] =
+    (1-α)/(1+α) α^h (2 h α / (1-α)^2 + α (1+α) / (1-α)^3)`` (``h >= 0``), clipping ``Z`` to
+    ``[-lo, hi]`` (``lo = bound + c``, ``hi = bound - c``) gives ``E = T1(lo) - T1(hi)`` and
+    ``E[.^2] = E[Z^2] - T2(hi) - T2(lo)``, ``E[Z^2] = Var(Z) = 2α / (1-α)^2``.
     """
-    lam = 1.0 / beta
-    one_r = -np.expm1(-lam)
-    r = 1.0 - one_r
-    a = np.sinh(lam / 2.0)
+    gamma = s / float(1 << SHE_T_BITS)
+    one_a = -math.expm1(-gamma)   # 1 - α, accurate for small γ
+    a = math.exp(-gamma)
 
-    def t1(t: int) -> float:
-        return a * np.exp(-lam * (t + 1)) / one_r ** 2
+    def t1(h: int) -> float:
+        return math.exp(-gamma * (h + 1)) / ((1.0 + a) * one_a)
 
-    def t2(t: int) -> float:
-        return a * np.exp(-lam * t) * (2.0 * t * r / one_r ** 2 + r * (1.0 + r) / one_r ** 3)
+    def t2(h: int) -> float:
+        return one_a / (1.0 + a) * math.exp(-gamma * h) * (2.0 * h * a / one_a ** 2 + a * (1.0 + a) / one_a ** 3)
 
     hi, lo = bound - c, bound + c
     e1 = t1(lo) - t1(hi)
-    e2 = 2.0 * a * r * (1.0 + r) / one_r ** 3 - t2(hi) - t2(lo)
+    e2 = 2.0 * a / one_a ** 2 - t2(hi) - t2(lo)
     return float(c + e1), float(e2 - e1 * e1)
 
 
 class SHE(FrequencyProtocol):
-    """Summation with histogram encoding, sent in fixed point.
+    """Summation with histogram encoding, with exact discrete Laplace noise and integer reports.
 
-    Device: ``Q_j = clip(S B_j + round(S L_j), -C, C)`` as int32 with ``S = 2^12``,
-    ``L_j ~ Laplace(2/ε)``, rounding half away from zero and ``C = ceil(S (1 + 16 · 2/ε))``
-    (16 noise scales beyond the one-hot's range: a coordinate is clipped w.p. about
-    ``½ e^{-16} ≈ 6e-8``). Rounding and clipping are post-processing of the Laplace
-    output, so the report is ε-LDP; :attr:`eps_first` recomputes it from the report's own
-    probabilities: per coordinate ``P(Q = y | B = 1) / P(Q = y | B = 0) <= r^{-S} = e^{ε/2}``
-    (interior points, and the geometric tails at ``±C``), and two inputs differ in two
-    coordinates, so ``eps_first = 2 S / beta = ε``.
+    Device: ``y_j = clip(B_j + Z_j, -C, C)`` (``B = e_x`` the one-hot vector), ``Z_j`` i.i.d.
+    discrete Laplace (two-sided geometric), ``P(Z = z) = (1-α)/(1+α) α^|z|`` with ``α = e^{-γ}``:
+    the geometric mechanism of Ghosh, Roughgarden & Sundararajan (STOC 2009) on each coordinate,
+    in units of the sensitivity. ``γ = s / 2^48`` with ``s = floor((ε/2) 2^48)``
+    (:func:`she_noise_parameter`), so ``2γ <= ε`` and ``ε - 2γ < 2^-47``; accepted:
+    ``1e-4 <= ε <= 64`` (relative error ``< 7.1e-11``; ``s >= 1.4e10`` and ``s <= 2^53``).
+    ``C = 1 + ceil(40/γ)``: a coordinate is clipped w.p. ``<= α^{C-1} / (1+α) <= e^{-40}``;
+    reports are the smallest of int8 / int16 / int32 holding ``±C`` (int8 from ε ≈ 0.64, int32
+    below ε ≈ 0.0025).
 
-    Server: the support is the int64 column sum of the reports (exact and additive).
-    The estimator uses the exact moments of what is sent (:func:`_rounded_laplace_moments`):
-    ``E[Q_v] = μ0 + f (μ1 - μ0)`` with ``μ0 = 0`` (symmetry) and ``μ1 = S`` up to the clip
-    (``≈ S - (beta/2)(e^{-16} - e^{-16-ε})``, relative ``<= e^{-16} ≈ 1.1e-7``), so
-    ``f̂ = (C(v)/n - μ0) / (μ1 - μ0)``; rounding adds Sheppard's ``1/12`` to the noise
-    variance ``2 beta^2`` (``beta = 2S/ε``, the noise scale in fixed-point units), i.e. the
-    variance is ``8/(n ε^2)`` up to relative ``O(ε^2 / S^2)``. Var* (f → 0) =
-    ``σ0² / (n (μ1 - μ0)^2)``; the exact variance (one report per i.i.d. user, as for the
-    pure protocols) is ``(f σ1² + (1-f) σ0² + f(1-f)(μ1-μ0)^2) / (n (μ1-μ0)^2)``.
+    Privacy, from this exact law: for one coordinate, ``P(c + Z = y) / P(c' + Z = y) =
+    α^{|y - c| - |y - c'|}`` lies in ``[e^{-γ}, e^{γ}]`` when ``|c - c'| = 1`` (with equality on
+    one side of the pair), and clipping is post-processing (the clipped tails
+    ``P(Z >= m) = α^m / (1+α)`` give the same ratios). Two inputs differ in two coordinates,
+    so the report's ε is exactly ``eps_first = 2γ = 2 s / 2^48``.
 
-    Sampler: ``S L = -beta sign(t) ln(1 - 2|t|)`` with ``t`` on a symmetric 2^-53 grid reaches
-    ``53 ln 2 ≈ 36.7`` noise scales; ``eps <= 16`` keeps the clip (``|y| = 1 + 16 b``, hit
-    from either one-hot value) inside that range, so both inputs have the same output support. As with
-    any floating-point Laplace sampler (Mironov 2012) the probabilities of individual
-    outputs deep in the tail deviate from the ideal ones by the grid's granularity; the
-    clip confines this to events of probability ``< e^{-16}``.
+    Sampler: Canonne, Kamath & Steinke, "The Discrete Gaussian for Differential Privacy"
+    (NeurIPS 2020), Alg. 2 (discrete Laplace from Bernoulli(exp(-U/t)) trials, their Alg. 1)
+    in integer arithmetic on the ChaCha20 noise stream; every Bernoulli is exact
+    (:func:`estimators.kernels.she_randomize` documents the bits it reads). No floating point
+    is involved, so the stated ε is the true one.
+
+    Server: the support is the int64 column sum of the reports (exact and additive). The
+    estimator uses the exact moments of what is sent (:func:`_discrete_laplace_moments`):
+    ``E[y_v] = μ0 + f (μ1 - μ0)`` with ``μ0 = 0`` (symmetry) and ``μ1 = 1`` up to the clip
+    (relative ``<= e^{-40}``), so ``f̂ = (C(v)/n - μ0) / (μ1 - μ0)``, with the noise variance
+    ``2α / (1-α)^2`` (``≈ 2/γ^2 = 8/ε^2`` for small ε). Var* (f → 0) = ``σ0² / (n (μ1 - μ0)^2)``;
+    the exact variance (one report per i.i.d. user, as for the pure protocols) is
+    ``(f σ1² + (1-f) σ0² + f(1-f)(μ1-μ0)^2) / (n (μ1-μ0)^2)``.
     """
 
     name: ClassVar[str] = "SHE"
@@ -168,13 +179,16 @@ class SHE(FrequencyProtocol):
         self.eps = check_eps("eps", eps)
         if not SHE_MIN_EPS <= self.eps <= SHE_MAX_EPS:
             raise InfeasibleParameters(
-                f"SHE supports {SHE_MIN_EPS:g} <= eps <= {SHE_MAX_EPS:g} (fixed-point int32 reports clipped at "
-                f"1 + {SHE_TAIL:g} noise scales), got {self.eps:g}")
-        self.b = 2.0 / self.eps                    # Laplace scale of the mechanism
-        self.beta = SHE_SCALE * self.b             # the same in fixed-point units
-        self.bound = int(np.ceil(SHE_SCALE * (1.0 + SHE_TAIL * self.b)))
-        self.mu0, self.var0 = _rounded_laplace_moments(self.beta, 0, self.bound)
-        self.mu1, self.var1 = _rounded_laplace_moments(self.beta, SHE_SCALE, self.bound)
+                f"SHE supports {SHE_MIN_EPS:g} <= eps <= {SHE_MAX_EPS:g} (an exact rational noise parameter "
+                f"s / 2^{SHE_T_BITS} within 1e-9 of eps/2, int32 reports), got {self.eps:g}")
+        self.s = she_noise_parameter(self.eps)
+        self.gamma = self.s / float(1 << SHE_T_BITS)   # per-coordinate ε of the geometric mechanism
+        self.alpha = math.exp(-self.gamma)
+        t = 1 << SHE_T_BITS
+        self.bound = 1 + -(-SHE_TAIL * t // self.s)    # 1 + ceil(40 / γ), in integers
+        self.slot = kernels.she_slot_words(self.k, self.s, SHE_T_BITS)
+        self.mu0, self.var0 = _discrete_laplace_moments(self.s, 0, self.bound)
+        self.mu1, self.var1 = _discrete_laplace_moments(self.s, 1, self.bound)
         self.gap = self.mu1 - self.mu0
 
     def params(self) -> dict:
@@ -182,19 +196,25 @@ class SHE(FrequencyProtocol):
 
     @property
     def eps_first(self) -> float:
-        """``2 max_y ln(P(Q = y | B = 1) / P(Q = y | B = 0)) = 2 S / beta`` (see the class doc)."""
-        return float(2.0 * SHE_SCALE / self.beta)
+        """``2γ = 2 s / 2^48``: twice the per-coordinate ``max_y ln(P(y | c) / P(y | c ± 1)) = γ``
+        (see the class doc); exact in float64 (``s <= 2^53``)."""
+        return float(2 * self.s) / float(1 << SHE_T_BITS)
 
     # ---------------------------------------------------------------- device side
     def randomize(self, values, rng, state=None):
         v = self.check_values(values)
         self._state_for(state, v.shape[0])
-        return kernels.she_randomize(v, draw_seed(rng), self.beta, float(SHE_SCALE), float(self.bound), self.k)
+        out = np.empty((v.shape[0], self.k), dtype=self.report_dtype)
+        return kernels.she_randomize(v, noise_key(rng), self.s, SHE_T_BITS, self.bound, self.slot, out)
 
     # ---------------------------------------------------------------- wire codec
     @property
     def report_dtype(self) -> np.dtype:
-        return np.dtype(np.int32)
+        """The smallest signed integer type holding ``[-C, C]``."""
+        for dt in (np.int8, np.int16, np.int32):
+            if self.bound <= np.iinfo(dt).max:
+                return np.dtype(dt)
+        raise AssertionError("SHE's clip bound exceeds int32")  # pragma: no cover - excluded by SHE_MIN_EPS
 
     @property
     def report_shape(self) -> tuple[int, ...]:
@@ -202,18 +222,18 @@ class SHE(FrequencyProtocol):
 
     def _check_array(self, reports: np.ndarray) -> np.ndarray:
         r = np.asarray(reports)
-        if r.dtype != np.int32 or r.ndim != 2 or r.shape[1] != self.k:
-            raise InvalidReports(f"SHE reports must be int32 (n, {self.k}), got {r.dtype} {r.shape}")
+        if r.dtype != self.report_dtype or r.ndim != 2 or r.shape[1] != self.k:
+            raise InvalidReports(f"SHE reports must be {self.report_dtype} (n, {self.k}), got {r.dtype} {r.shape}")
         return r
 
     def validate_reports(self, reports: np.ndarray) -> None:
         r = self._check_array(reports)
         if r.size and (int(r.min()) < -self.bound or int(r.max()) > self.bound):
-            raise InvalidReports(f"SHE report coordinate outside the fixed-point range [-{self.bound}, {self.bound}]")
+            raise InvalidReports(f"SHE report coordinate outside the clip range [-{self.bound}, {self.bound}]")
 
     # ---------------------------------------------------------------- server side
     def support(self, reports: np.ndarray) -> np.ndarray:
-        """int64 sums of the fixed-point coordinates (additive, exact)."""
+        """int64 sums of the integer coordinates (additive, exact)."""
         r = np.ascontiguousarray(self._check_array(reports))
         sums, bad = kernels.int_column_sums(r, self.bound)
         if bad:
@@ -224,13 +244,13 @@ class SHE(FrequencyProtocol):
         """``f̂ = (C(v)/n - μ0) / (μ1 - μ0)`` (sum of noisy one-hot vectors / n, Wang et al. 2017)."""
         c = self.check_counts(counts, n).astype(np.float64)
         if postprocess == "ibu":
-            raise LDPError("SHE is not a pure protocol (its support is a sum of Laplace noise): IBU is not "
-                           "available; use 'clip', 'norm-sub' or 'project'")
+            raise LDPError("SHE is not a pure protocol (its support is a sum of discrete Laplace noise): IBU is "
+                           "not available; use 'clip', 'norm-sub' or 'project'")
         f = (c / n - self.mu0) / self.gap
         return _pp.apply(postprocess, f)
 
     def variance(self, n: int) -> float:
-        """Var* = σ0² / (n (μ1 - μ0)^2) ≈ 8 / (n ε^2) (seed 003 §4.1 with Δ = 2)."""
+        """Var* = σ0² / (n (μ1 - μ0)^2) ≈ 2α / (n (1-α)^2) (≈ 8 / (n ε^2) for small ε)."""
         return float(self.variance_exact(0.0, n))
 
     def variance_exact(self, f: np.ndarray | float, n: int) -> np.ndarray:
@@ -239,9 +259,8 @@ class SHE(FrequencyProtocol):
         return per / (n * self.gap ** 2)
 
     def audit_event(self, reports: np.ndarray, v1: int, v2: int) -> np.ndarray:
-        """``y_v1 > 1`` and ``y_v2 < 0`` (``Q_v1 > S``, ``Q_v2 < 0``): probability ``r/4`` under ``v1``
-        and ``r^{2S+1}/4`` under ``v2`` (``P(D > 0) = r^{1/2}/2``, ``P(D > S) = r^{S+1/2}/2``), a ratio
-        of exactly ``r^{-2S} = e^ε``. It beats the difference event ``y_v1 - y_v2 > 1``, whose
-        ratio is only ``e^ε / (1 + ε/2)``."""
+        """``y_v1 >= 1`` and ``y_v2 <= 0``: probability ``1/(1+α)^2`` under ``v1`` and ``α^2/(1+α)^2``
+        under ``v2`` (``P(Z >= 0) = 1/(1+α)``, ``P(Z >= 1) = α/(1+α)``; the clip keeps both events),
+        a ratio of exactly ``α^{-2} = e^{2γ} = e^{eps_first}``."""
         r = np.asarray(reports)
-        return (r[:, v1] > SHE_SCALE) & (r[:, v2] < 0)
+        return (r[:, v1] >= 1) & (r[:, v2] <= 0)

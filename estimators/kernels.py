@@ -1,25 +1,24 @@
 """Numba kernels: the hot loops of every randomizer and support counter.
 
-Each kernel has a plain-numpy twin in :mod:`estimators.reference` computing the same
-function from the same counter-based randomness (:mod:`estimators._rand`); the tests check
-that they agree exactly. Randomizers take ``keys`` (per-device memo keys) and ``memo``:
-with ``memo`` the first round (PRR) is addressed by ``(key, memoized input)`` and so is
-permanent; without it the first round uses the batch ``seed`` and the row index.
+Each kernel has a plain-numpy twin in :mod:`estimators.reference` computing the same function
+from the same ChaCha20 streams (:mod:`estimators.randomness`); the tests check that they agree
+exactly. Randomizers take ``keys`` (per-device 256-bit memo keys, ``uint32 (n, 8)``), ``memo``
+and ``nkey`` (the batch's 256-bit noise key): with ``memo`` the first round (PRR) draws from the
+stream ``(keys[i], PRR, memoized input)`` and so is permanent; fresh draws come from the
+batch's noise stream, row ``i`` owning a fixed slot of it (see :func:`randomness.fill_run`).
 """
 from __future__ import annotations
 
 import numba as nb
 import numpy as np
 
-from ._rand import EXPAND, bernoulli_bytes, other_than, stream_word, unit, word
-
-_PRR = np.uint64(0x50F5F5F5)  # stream domain separators of the two rounds
-_IRR = np.uint64(0x1BD11BDA)
-_HOT = 1 << 41  # stream word of the PRR's hot bit
-_LO32 = np.uint64(0xFFFFFFFF)
+from .randomness import (EXPAND, LH_SEED, LO32, NOISE, NOISE_EXT, PRR, bernoulli_refine, bernoulli_top, fill_run,
+                         fill_words, other_than, unit)
 
 _PAR = dict(parallel=True, cache=True, nogil=True)
 _CHUNK = 1 << 12
+_UE_CHUNK = 1 << 10
+UE_REFINE_SLOTS = 2  # refinement draws held in a UE row's noise slot / PRR prefix (more: extension)
 
 
 @nb.njit(inline="always", cache=True)
@@ -27,89 +26,132 @@ def _mark(seen: np.ndarray, i: int, x: int) -> None:
     seen[i, x >> 3] |= np.uint8(1 << (x & 7))
 
 
+@nb.njit(inline="always", cache=True)
+def _noise_slots(nkey, w, r0, r1):
+    """The noise slots of rows ``r0 .. r1-1`` (``w`` words each), flat."""
+    buf = np.empty((r1 - r0) * w, dtype=np.uint64)
+    fill_run(nkey, NOISE, 0, r0 * w, buf)
+    return buf
+
+
 # ------------------------------------------------------------------ direct encoding (GRR chain)
 @nb.njit(**_PAR)
-def grr_chain_randomize(values, keys, memo, seen, seed, p1, p2, m):
+def grr_chain_randomize(values, keys, memo, seen, nkey, p1, p2, m):
     """Two GRR rounds over ``[0, m)``: PRR with ``p1`` (memoized if ``memo``), IRR with ``p2``.
 
-    ``p2 = 1`` disables the second round (single-shot GRR).
+    Draws: the first round uses words 0 (keep?) and 1 (which other value) of the PRR stream
+    ``(keys[i], PRR, x)`` if ``memo``, else of row ``i``'s noise slot; the IRR (``p2 < 1``;
+    ``p2 = 1`` disables it) uses the next two words of the noise slot.
     """
     n = values.shape[0]
     out = np.empty(n, dtype=np.int64)
-    for i in nb.prange(n):
-        x = np.int64(values[i])
+    irr = p2 < 1.0
+    first = 0 if memo else 2
+    w = first + (2 if irr else 0)
+    nchunks = (n + _CHUNK - 1) // _CHUNK
+    for c in nb.prange(nchunks):
+        r0, r1 = c * _CHUNK, min(n, (c + 1) * _CHUNK)
+        noise = _noise_slots(nkey, w, r0, r1)
+        prr = np.empty((r1 - r0 if memo else 0, 8), dtype=np.uint64)
         if memo:
-            k = keys[i]
-            a = np.uint64(x)
-            _mark(seen, i, x)
-        else:
-            k = seed
-            a = np.uint64(i)
-        if unit(k, a, np.uint64(0)) >= p1:
-            x = other_than(x, m, unit(k, a, np.uint64(1)))
-        if p2 < 1.0 and unit(seed, np.uint64(i), np.uint64(2)) >= p2:
-            x = other_than(x, m, unit(seed, np.uint64(i), np.uint64(3)))
-        out[i] = x
+            fill_words(keys, True, PRR, values, r0, r1, prr)
+        for i in range(r0, r1):
+            x = np.int64(values[i])
+            o = (i - r0) * w
+            if memo:
+                _mark(seen, i, x)
+                w0, w1 = prr[i - r0, 0], prr[i - r0, 1]
+            else:
+                w0, w1 = noise[o], noise[o + 1]
+            if unit(w0) >= p1:
+                x = other_than(x, m, unit(w1))
+            if irr and unit(noise[o + first]) >= p2:
+                x = other_than(x, m, unit(noise[o + first + 1]))
+            out[i] = x
     return out
 
 
 # ------------------------------------------------------------------ unary encoding (UE chain)
+@nb.njit(inline="always", cache=True)
+def _split(t):
+    hi, rest = t >> np.uint64(24), t & np.uint64(0xFFFFFF)
+    if hi > 255:
+        hi, rest = np.uint64(255), t - np.uint64(255 << 24)
+    return hi, rest
+
+
 @nb.njit(**_PAR)
-def ue_chain_randomize(values, keys, memo, seen, seed, t1p, t1q, t2p, t2q, k):
+def ue_chain_randomize(values, keys, memo, seen, nkey, t1p, t1q, t2p, t2q, k):
     """Two UE rounds over ``k`` bits, packed little-endian into ``uint8 (n, ceil(k/8))``.
 
-    Thresholds are 32-bit (:func:`estimators._rand.threshold32`). PRR bit j is 1 w.p.
-    ``t1p`` if j is the value's bit else ``t1q``, drawn from the stream of ``(key, value)`` if
-    ``memo`` else of ``(seed, row)``; IRR bit j is 1 w.p. ``t2p`` if the PRR bit is 1 else
-    ``t2q``, from the stream of ``(seed, row, IRR)``. ``t2p = 2^32, t2q = 0`` disables the
-    second round (single-shot SUE / OUE / THE). Output byte ``b`` of a round is 8 lazy
-    Bernoulli bits from stream word ``b`` (:func:`estimators._rand.bernoulli_bytes`); the hot
-    bit of the PRR is redrawn from stream word ``HOT`` with threshold ``t1p``.
+    Thresholds are 32-bit (:func:`randomness.threshold32`). PRR bit j is 1 w.p. ``t1p`` if j is
+    the value's bit else ``t1q``; IRR bit j is 1 w.p. ``t2p`` if the PRR bit is 1 else ``t2q``;
+    ``t2p = 2^32, t2q = 0`` disables the second round (single-shot SUE / OUE / THE). Each round's
+    byte ``b`` is 8 exact lazy Bernoulli bits from one word (:func:`randomness.bernoulli_top`).
+
+    Draws: the PRR from the stream ``(keys[i], PRR, x)`` if ``memo`` (words ``0 .. B-1`` the
+    bytes, ``B`` the hot bit, then refinements), else from row ``i``'s noise slot (same layout);
+    the IRR from the noise slot's next ``B`` words. Refinements of noise rounds take the slot's
+    last :data:`UE_REFINE_SLOTS` words, then the row's extension stream.
     """
     n = values.shape[0]
     nbytes = (k + 7) // 8
     out = np.zeros((n, nbytes), dtype=np.uint8)
     irr = not (t2p == np.uint64(1 << 32) and t2q == np.uint64(0))
-    q1_hi, q1_rest = t1q >> np.uint64(24), t1q & np.uint64(0xFFFFFF)
-    if q1_hi > 255:
-        q1_hi, q1_rest = np.uint64(255), t1q - np.uint64(255 << 24)
-    p2_hi, p2_rest = t2p >> np.uint64(24), t2p & np.uint64(0xFFFFFF)
-    if p2_hi > 255:
-        p2_hi, p2_rest = np.uint64(255), t2p - np.uint64(255 << 24)
-    q2_hi, q2_rest = t2q >> np.uint64(24), t2q & np.uint64(0xFFFFFF)
-    if q2_hi > 255:
-        q2_hi, q2_rest = np.uint64(255), t2q - np.uint64(255 << 24)
+    q1_hi, q1_rest = _split(t1q)
+    p2_hi, p2_rest = _split(t2p)
+    q2_hi, q2_rest = _split(t2q)
     ones = np.uint64(0x0101010101010101)
     q1_lanes, p2_lanes, q2_lanes = q1_hi * ones, p2_hi * ones, q2_hi * ones
     last = np.uint64((1 << (k & 7)) - 1) if k & 7 else np.uint64(0xFF)
-    nchunks = (n + _CHUNK - 1) // _CHUNK
+    first = 0 if memo else nbytes + 1
+    refine0 = first + (nbytes if irr else 0)
+    w = refine0 + UE_REFINE_SLOTS
+    pw = ((nbytes + 1 + UE_REFINE_SLOTS + 7) // 8) * 8 if memo else 0  # whole blocks
+    nchunks = (n + _UE_CHUNK - 1) // _UE_CHUNK
     for c in nb.prange(nchunks):
+        r0, r1 = c * _UE_CHUNK, min(n, (c + 1) * _UE_CHUNK)
+        noise = _noise_slots(nkey, w, r0, r1)
+        prr = np.empty((r1 - r0, pw), dtype=np.uint64)
+        if memo:
+            fill_words(keys, True, PRR, values, r0, r1, prr)
         bits = np.empty(nbytes, dtype=np.uint64)
-        hi = np.full(nbytes, q1_lanes, dtype=np.uint64)
+        hi = np.empty(nbytes, dtype=np.uint64)
         sel = np.zeros(nbytes, dtype=np.uint64)
         eq = np.empty(nbytes, dtype=np.uint64)
-        for i in range(c * _CHUNK, min(n, (c + 1) * _CHUNK)):
+        pcache = np.zeros(9, dtype=np.uint64)
+        ncache = np.zeros(9, dtype=np.uint64)
+        for i in range(r0, r1):
             x = np.int64(values[i])
-            if memo:
-                base = word(keys[i], np.uint64(x), _PRR)
-                _mark(seen, i, x)
-            else:
-                base = word(seed, np.uint64(i), _PRR)
+            slot = noise[(i - r0) * w:(i - r0 + 1) * w]
+            ncache[8] = 0
             for b in range(nbytes):
                 hi[b] = q1_lanes
                 sel[b] = 0
-            bernoulli_bytes(base, hi, sel, q1_rest, q1_rest, bits, eq)
-            m = np.uint64(1) << np.uint64(x & 7)
-            if (stream_word(base, _HOT) & _LO32) < t1p:
-                bits[x >> 3] |= m
+            jn = refine0
+            if memo:
+                _mark(seen, i, x)
+                pre = prr[i - r0]
+                pcache[8] = 0
+                if bernoulli_top(pre, 0, hi, bits, eq):
+                    bernoulli_refine(bits, eq, sel, q1_rest, q1_rest, keys[i], PRR, x, pre, nbytes + 1, pcache, 0)
+                hot = pre[nbytes]
             else:
-                bits[x >> 3] &= ~m
+                if bernoulli_top(slot, 0, hi, bits, eq):
+                    jn = bernoulli_refine(bits, eq, sel, q1_rest, q1_rest, nkey, NOISE_EXT, i, slot, jn, ncache, w)
+                hot = slot[nbytes]
+            mb = np.uint64(1) << np.uint64(x & 7)
+            if (hot & LO32) < t1p:
+                bits[x >> 3] |= mb
+            else:
+                bits[x >> 3] &= ~mb
             if irr:
                 for b in range(nbytes):
                     e = EXPAND[bits[b]]
                     hi[b] = (e & p2_lanes) | (~e & q2_lanes)
                     sel[b] = bits[b]
-                bernoulli_bytes(word(seed, np.uint64(i), _IRR), hi, sel, p2_rest, q2_rest, bits, eq)
+                if bernoulli_top(slot, first, hi, bits, eq):
+                    jn = bernoulli_refine(bits, eq, sel, p2_rest, q2_rest, nkey, NOISE_EXT, i, slot, jn, ncache, w)
             bits[nbytes - 1] &= last
             for b in range(nbytes):
                 out[i, b] = np.uint8(bits[b])
@@ -146,7 +188,7 @@ def bincount(values, m):
     return partial.sum(axis=0)
 
 
-__all__ = ["grr_chain_randomize", "ue_chain_randomize", "packed_bit_counts", "bincount", "word"]
+__all__ = ["grr_chain_randomize", "ue_chain_randomize", "packed_bit_counts", "bincount"]
 
 
 # ------------------------------------------------------------------ Hadamard response (HR, FHR)
@@ -179,18 +221,28 @@ def fwht(a):
     return a
 
 
+HR_SLOT = 2   # noise words per HR row: 0 the row j, 1 keep?
+FHR_SLOT = 3  # noise words per FHR row: 0 the +1 column x, 1 the -1 column y, 2 keep?
+
+
 @nb.njit(**_PAR)
-def hr_randomize(values, seed, p, K):
-    """HR: row ``j`` uniform in [0, K), bit = [H[j, v+1] = +1] kept w.p. ``p``; report ``2 j + bit``."""
+def hr_randomize(values, nkey, p, K):
+    """HR: row ``j`` uniform in [0, K), bit = [H[j, v+1] = +1] kept w.p. ``p``; report ``2 j + bit``.
+
+    Draws: row ``i``'s noise slot (:data:`HR_SLOT` words) of the batch key ``nkey``."""
     n = values.shape[0]
     out = np.empty(n, dtype=np.int64)
-    for i in nb.prange(n):
-        a = np.uint64(i)
-        j = np.int64(unit(seed, a, np.uint64(0)) * K)
-        bit = 1 - _parity(j & (np.int64(values[i]) + 1))
-        if unit(seed, a, np.uint64(1)) >= p:
-            bit = 1 - bit
-        out[i] = (j << 1) | bit
+    nchunks = (n + _CHUNK - 1) // _CHUNK
+    for c in nb.prange(nchunks):
+        r0, r1 = c * _CHUNK, min(n, (c + 1) * _CHUNK)
+        noise = _noise_slots(nkey, HR_SLOT, r0, r1)
+        for i in range(r0, r1):
+            o = (i - r0) * HR_SLOT
+            j = np.int64(unit(noise[o]) * K)
+            bit = 1 - _parity(j & (np.int64(values[i]) + 1))
+            if unit(noise[o + 1]) >= p:
+                bit = 1 - bit
+            out[i] = (j << 1) | bit
     return out
 
 
@@ -217,29 +269,35 @@ def _hr_support(reports, K, k, threads):
 
 
 @nb.njit(**_PAR)
-def fhr_randomize(values, seed, p, K):
+def fhr_randomize(values, nkey, p, K):
     """FHR (seed 004 Alg. 1): ``x`` uniform among the +1 columns of row v+1, ``y`` among the -1
     columns; kept (``b = +e_x - e_y``) w.p. ``p`` else flipped. Report ``(P, M)`` = positions of
     the +1 and the -1 of ``b``. A uniform column is moved into the wanted coset of the row by
-    xor-ing the row's lowest set bit (a bijection between the two halves)."""
+    xor-ing the row's lowest set bit (a bijection between the two halves).
+
+    Draws: row ``i``'s noise slot (:data:`FHR_SLOT` words) of the batch key ``nkey``."""
     n = values.shape[0]
     out = np.empty((n, 2), dtype=np.int64)
-    for i in nb.prange(n):
-        a = np.uint64(i)
-        w = np.int64(values[i]) + 1
-        low = w & -w
-        x = np.int64(unit(seed, a, np.uint64(0)) * K)
-        if _parity(w & x) == 1:
-            x ^= low
-        y = np.int64(unit(seed, a, np.uint64(1)) * K)
-        if _parity(w & y) == 0:
-            y ^= low
-        if unit(seed, a, np.uint64(2)) < p:
-            out[i, 0] = x
-            out[i, 1] = y
-        else:
-            out[i, 0] = y
-            out[i, 1] = x
+    nchunks = (n + _CHUNK - 1) // _CHUNK
+    for c in nb.prange(nchunks):
+        r0, r1 = c * _CHUNK, min(n, (c + 1) * _CHUNK)
+        noise = _noise_slots(nkey, FHR_SLOT, r0, r1)
+        for i in range(r0, r1):
+            o = (i - r0) * FHR_SLOT
+            w = np.int64(values[i]) + 1
+            low = w & -w
+            x = np.int64(unit(noise[o]) * K)
+            if _parity(w & x) == 1:
+                x ^= low
+            y = np.int64(unit(noise[o + 1]) * K)
+            if _parity(w & y) == 0:
+                y ^= low
+            if unit(noise[o + 2]) < p:
+                out[i, 0] = x
+                out[i, 1] = y
+            else:
+                out[i, 0] = y
+                out[i, 1] = x
     return out
 
 
@@ -266,68 +324,35 @@ def _fhr_support(reports, K, k, threads):
 
 
 # ------------------------------------------------------------------ local hashing (BLH, OLH, LOLOHA)
-# Hash seeds travel in the reports, so they must not reveal the secret they are derived from
-# (the batch seed, or a device's memo key, both of which also drive the GRR coins). ``word``
-# is a bijection of its key (SplitMix64 is invertible), so hash seeds come from SipHash-2-4
-# (Aumasson & Bernstein 2012), a keyed PRF, truncated to 32 bits. The hash family itself is
-# Dietzfelbinger's multiply-add-shift (strongly universal for uniform ``(a, b)``), with
-# ``(a, b) = word(seed, 0, LH_A|LH_B)`` and a multiply-shift range reduction to ``[0, g)``:
+# A report carries its 32-bit hash seed (Bassily & Smith, STOC 2015; Wang et al., USENIX Security
+# 2017). The seed is public by design, so it comes from a stream of its own: for LOLOHA the
+# device's fixed seed is word 0 of ``(keys[i], LH_SEED, 0)`` (Arcolezi et al., EDBT 2023, Alg. 1
+# line 1: one hash function per device, forever, which links the device's reports, as in the
+# paper, and nothing else), for BLH/OLH a fresh one per report is word ``i`` of the batch
+# stream ``(nkey, LH_SEED, 1)``. The hash family itself is public: Dietzfelbinger's
+# multiply-add-shift (strongly universal for uniform ``(a, b)``) with ``(a, b)`` spread from the
+# seed by SplitMix64's finalizer (Steele, Lea & Flood, OOPSLA 2014) and a multiply-shift range
+# reduction to ``[0, g)``:
 #     H_seed(v) = ((((a v + b) mod 2^64) >> 32) g) >> 32.
+# No secret enters the hash function; the GRR rounds that follow draw from other streams.
 LH_A = np.uint64(0x1A)
 LH_B = np.uint64(0x1B)
-SIP_K1 = np.uint64(0x4C4F4C4F48415348)  # SipHash key word 1: domain separator ("LOLOHASH")
-LH_DEVICE_MSG = np.uint64(0x4445564943454853)  # SipHash message of a device's fixed hash seed
 _U32 = np.uint64(32)
 
 
 @nb.njit(inline="always", cache=True)
-def _sip_round(v0, v1, v2, v3):
-    v0 += v1
-    v1 = (v1 << np.uint64(13)) | (v1 >> np.uint64(51))
-    v1 ^= v0
-    v0 = (v0 << np.uint64(32)) | (v0 >> np.uint64(32))
-    v2 += v3
-    v3 = (v3 << np.uint64(16)) | (v3 >> np.uint64(48))
-    v3 ^= v2
-    v0 += v3
-    v3 = (v3 << np.uint64(21)) | (v3 >> np.uint64(43))
-    v3 ^= v0
-    v2 += v1
-    v1 = (v1 << np.uint64(17)) | (v1 >> np.uint64(47))
-    v1 ^= v2
-    v2 = (v2 << np.uint64(32)) | (v2 >> np.uint64(32))
-    return v0, v1, v2, v3
-
-
-@nb.njit(inline="always", cache=True)
-def siphash24(k0: np.uint64, k1: np.uint64, m: np.uint64) -> np.uint64:
-    """SipHash-2-4 of the 8-byte little-endian message ``m`` under the key ``(k0, k1)``."""
-    v0 = k0 ^ np.uint64(0x736F6D6570736575)
-    v1 = k1 ^ np.uint64(0x646F72616E646F6D)
-    v2 = k0 ^ np.uint64(0x6C7967656E657261)
-    v3 = k1 ^ np.uint64(0x7465646279746573)
-    last = np.uint64(8) << np.uint64(56)
-    v3 ^= m
-    v0, v1, v2, v3 = _sip_round(v0, v1, v2, v3)
-    v0, v1, v2, v3 = _sip_round(v0, v1, v2, v3)
-    v0 ^= m
-    v3 ^= last
-    v0, v1, v2, v3 = _sip_round(v0, v1, v2, v3)
-    v0, v1, v2, v3 = _sip_round(v0, v1, v2, v3)
-    v0 ^= last
-    v2 ^= np.uint64(0xFF)
-    v0, v1, v2, v3 = _sip_round(v0, v1, v2, v3)
-    v0, v1, v2, v3 = _sip_round(v0, v1, v2, v3)
-    v0, v1, v2, v3 = _sip_round(v0, v1, v2, v3)
-    v0, v1, v2, v3 = _sip_round(v0, v1, v2, v3)
-    return v0 ^ v1 ^ v2 ^ v3
+def mix64(z: np.uint64) -> np.uint64:
+    """SplitMix64 finalizer: a public bijective mix (spreads a public hash seed, nothing secret)."""
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
 
 
 @nb.njit(inline="always", cache=True)
 def lh_coeffs(hseed) -> tuple[np.uint64, np.uint64]:
     """Multiply-add-shift coefficients ``(a, b)`` of the hash function with seed ``hseed``."""
-    h = np.uint64(hseed)
-    return word(h, np.uint64(0), LH_A), word(h, np.uint64(0), LH_B)
+    h = mix64(np.uint64(hseed) * np.uint64(0x9E3779B97F4A7C15))
+    return mix64(h ^ LH_A), mix64(h ^ LH_B)
 
 
 @nb.njit(inline="always", cache=True)
@@ -337,26 +362,31 @@ def lh_hash(a: np.uint64, b: np.uint64, v, g: np.uint64) -> np.uint64:
 
 
 @nb.njit(**_PAR)
-def lh_encode(values, keys, memo, seed, g):
+def lh_encode(values, keys, memo, nkey, g):
     """Hash seeds ``uint32 (n,)`` and hashed values ``x = H_seed(v)`` ``int64 (n,)``.
 
-    With ``memo`` the seed is the device's fixed one, ``SipHash(key, DEVICE)`` (seed 001 Alg. 1
-    line 1: one hash function per device, forever); otherwise a fresh one per report,
-    ``SipHash(seed, row)``.
+    With ``memo`` the seed is the device's fixed one (word 0 of ``(keys[i], LH_SEED, 0)``),
+    otherwise a fresh one per report (word ``i`` of ``(nkey, LH_SEED, 1)``).
     """
     n = values.shape[0]
     gg = np.uint64(g)
     hseeds = np.empty(n, dtype=np.uint32)
     x = np.empty(n, dtype=np.int64)
-    for i in nb.prange(n):
+    nchunks = (n + _CHUNK - 1) // _CHUNK
+    for c in nb.prange(nchunks):
+        r0, r1 = c * _CHUNK, min(n, (c + 1) * _CHUNK)
         if memo:
-            s = siphash24(keys[i], SIP_K1, LH_DEVICE_MSG)
+            pre = np.empty((r1 - r0, 8), dtype=np.uint64)
+            fill_words(keys, True, LH_SEED, np.zeros(n, dtype=np.uint64), r0, r1, pre)
+            seeds = pre[:, 0].copy()
         else:
-            s = siphash24(seed, SIP_K1, np.uint64(i))
-        hs = s & np.uint64(0xFFFFFFFF)
-        hseeds[i] = np.uint32(hs)
-        a, b = lh_coeffs(hs)
-        x[i] = np.int64(lh_hash(a, b, values[i], gg))
+            seeds = np.empty(r1 - r0, dtype=np.uint64)
+            fill_run(nkey, LH_SEED, 1, r0, seeds)
+        for i in range(r0, r1):
+            hs = seeds[i - r0] & LO32
+            hseeds[i] = np.uint32(hs)
+            a, b = lh_coeffs(hs)
+            x[i] = np.int64(lh_hash(a, b, values[i], gg))
     return hseeds, x
 
 
@@ -396,62 +426,110 @@ def lh_support(hseeds, ys, k, g):
     return partial.astype(np.int64).sum(axis=0)
 
 
-__all__ += ["siphash24", "lh_encode", "lh_hash_rows", "lh_support"]
+__all__ += ["lh_encode", "lh_hash_rows", "lh_support"]
 
 
 # ------------------------------------------------------------------ dBitFlipPM (seed 001 §2.4.4)
-BITFLIP_J = np.uint64(0xFFFFFFFFFFFFFFFF)  # address of the sampled-bucket draws (never a memo case)
+from .randomness import BITFLIP_BIT, BITFLIP_J, NO_WORDS, stream_word  # noqa: E402
+
+
+@nb.njit(cache=True, nogil=True)
+def _memo_block(key, domain, a, j, cache) -> None:
+    """Load the block holding word ``j`` of the stream ``(key, domain, a)`` into ``cache``
+    (:func:`stream_word`); called rather than inlined, so one compiled ChaCha20 block serves
+    every call site (compile time)."""
+    stream_word(key, domain, a, NO_WORDS, j, cache)
+
+
+@nb.njit(inline="always", cache=True)
+def _memo_word(key, domain, a, prefix, j, cache):
+    """:func:`stream_word` with ``skip = 0``: word ``j`` of the memoized stream ``(key, domain, a)``
+    whose first ``len(prefix)`` words are ``prefix``; beyond it, one call per block."""
+    if j < prefix.shape[0]:
+        return prefix[j]
+    if cache[8] != np.uint64((j >> 3) + 1):
+        _memo_block(key, domain, a, j, cache)
+    return cache[j & 7]
+
+
+_BITFLIP_PREFIX = 64      # stream words per row computed in SIMD passes (Floyd's J, the bits)
+_BITFLIP_SEL_PREFIX = 16  # ... for selection sampling's J (up to b draws; the rest on demand)
 
 
 @nb.njit(**_PAR)
 def bitflip_randomize(values, keys, seen, out, k, b, p, q, floyd):
     """dBitFlipPM reports into ``out`` ``(n, d)``: pair codes ``2 j_l + x_l``, ``j_l`` increasing.
 
-    ``J = {j_1 < ... < j_d}`` is drawn from ``unit(key, BITFLIP_J, t)``: Floyd's algorithm
-    (``t = b-d .. b-1``) if ``floyd`` else selection sampling (``t = 0 .. b-1``). The case
-    ``c`` of bucket ``x = floor(v b / k)`` is ``l`` if ``x = j_l`` else ``d``; bit ``l`` is
-    ``unit(key, c, l) < (p if l == c else q)``: memoized per case, so a device holds at most
-    ``d + 1`` distinct responses. ``seen`` marks the bucket.
+    ``J = {j_1 < ... < j_d}`` is drawn from the device's stream ``(keys[i], BITFLIP_J, 0)``:
+    Floyd's algorithm (step ``s = 0 .. d-1`` inserts from ``[0, b-d+s]`` with word ``s``) if
+    ``floyd`` else selection sampling (step ``t = 0 .. b-1`` decides bucket ``t`` with word
+    ``t``). The case ``c`` of bucket ``x = floor(v b / k)`` is ``l`` if ``x = j_l`` else ``d``;
+    bit ``l`` is ``unit(word l of (keys[i], BITFLIP_BIT, c)) < (p if l == c else q)``. Both are
+    pure functions of the key: a device's J is fixed forever and its bits are memoized per case,
+    so it holds at most ``d + 1`` distinct responses. ``seen`` marks the bucket.
     """
     n, d = out.shape
-    for i in nb.prange(n):
-        x = (np.int64(values[i]) * b) // k
-        _mark(seen, i, x)
-        key = keys[i]
-        row = out[i]
-        if floyd:
-            cnt = 0
-            for t in range(b - d, b):
-                r = np.int64(unit(key, BITFLIP_J, np.uint64(t)) * (t + 1))
-                val = r
-                for s in range(cnt):
-                    if np.int64(row[s]) == r:
-                        val = np.int64(t)
+    wj = 8 * ((min(d, _BITFLIP_PREFIX) + 7) // 8) if floyd else 8 * ((min(b, _BITFLIP_SEL_PREFIX) + 7) // 8)
+    wb = 8 * ((min(d, _BITFLIP_PREFIX) + 7) // 8)
+    zeros = np.zeros(n, dtype=np.uint64)
+    cases = np.empty(n, dtype=np.uint64)
+    nchunks = (n + _CHUNK - 1) // _CHUNK
+    for c in nb.prange(nchunks):
+        r0, r1 = c * _CHUNK, min(n, (c + 1) * _CHUNK)
+        cache = np.zeros(9, dtype=np.uint64)
+        jw = np.empty((r1 - r0, wj), dtype=np.uint64)
+        fill_words(keys, True, BITFLIP_J, zeros, r0, r1, jw)
+        for i in range(r0, r1):
+            x = (np.int64(values[i]) * b) // k
+            _mark(seen, i, x)
+            key = keys[i]
+            pre = jw[i - r0]
+            cache[8] = 0
+            row = out[i]
+            if floyd:
+                cnt = 0
+                for s in range(d):
+                    t = b - d + s
+                    r = np.int64(unit(_memo_word(key, BITFLIP_J, np.uint64(0), pre, s, cache)) * (t + 1))
+                    val = r
+                    for e in range(cnt):
+                        if np.int64(row[e]) == r:
+                            val = np.int64(t)
+                            break
+                    pos = cnt
+                    while pos > 0 and np.int64(row[pos - 1]) > val:
+                        row[pos] = row[pos - 1]
+                        pos -= 1
+                    row[pos] = val
+                    cnt += 1
+            else:
+                sel = 0
+                for t in range(b):
+                    need = d - sel
+                    if need == 0:
                         break
-                pos = cnt
-                while pos > 0 and np.int64(row[pos - 1]) > val:
-                    row[pos] = row[pos - 1]
-                    pos -= 1
-                row[pos] = val
-                cnt += 1
-        else:
-            sel = 0
-            for t in range(b):
-                need = d - sel
-                if need == 0:
+                    rem = b - t
+                    if need == rem or unit(_memo_word(key, BITFLIP_J, np.uint64(0), pre, t, cache)) * rem < need:
+                        row[sel] = t
+                        sel += 1
+            case = d
+            for l in range(d):
+                if np.int64(row[l]) == x:
+                    case = l
                     break
-                rem = b - t
-                if need == rem or unit(key, BITFLIP_J, np.uint64(t)) * rem < need:
-                    row[sel] = t
-                    sel += 1
-        c = d
-        for l in range(d):
-            if np.int64(row[l]) == x:
-                c = l
-                break
-        for l in range(d):
-            bit = unit(key, np.uint64(c), np.uint64(l)) < (p if l == c else q)
-            row[l] = np.int64(row[l]) * 2 + (1 if bit else 0)
+            cases[i] = np.uint64(case)
+        bw = np.empty((r1 - r0, wb), dtype=np.uint64)
+        fill_words(keys, True, BITFLIP_BIT, cases, r0, r1, bw)
+        for i in range(r0, r1):
+            key = keys[i]
+            pre = bw[i - r0]
+            cache[8] = 0
+            a = cases[i]
+            case = np.int64(a)
+            row = out[i]
+            for l in range(d):
+                bit = unit(_memo_word(key, BITFLIP_BIT, a, pre, l, cache)) < (p if l == case else q)
+                row[l] = np.int64(row[l]) * 2 + (1 if bit else 0)
     return out
 
 
@@ -484,32 +562,42 @@ __all__ += ["bitflip_randomize", "bitflip_support"]
 
 
 # ------------------------------------------------------------------ subset selection (SS, seed 003 §3.1.5)
+_SS_SLOT_WORDS = 1 << 16  # noise words per SS chunk (at most; at least one row)
+
+
 @nb.njit(**_PAR)
-def ss_randomize(values, seed, ps, omega, k):
+def ss_randomize(values, nkey, ps, omega, k):
     """ω-SM (seed 003 Alg. 2) as a packed little-endian bit set ``uint8 (n, ceil(k/8))``.
 
-    The true value is kept w.p. ``ps`` (``unit(seed, i, 0)``); then ``m = ω - 1`` (kept) or
-    ``ω`` (not kept) distinct others are drawn uniformly from ``[0, k) \\ {x}`` by Floyd's
-    algorithm over population indices ``p in [0, k-1)`` (value ``p + (p >= x)``), step ``s``
-    using ``unit(seed, i, 1 + s)``; the row itself is the membership set.
+    Row ``i`` draws from its noise slot of ``W = 1 + ω`` words of the batch key ``nkey``. The
+    true value is kept w.p. ``ps`` (word 0); then ``m = ω - 1`` (kept) or ``ω`` (not kept)
+    distinct others are drawn uniformly from ``[0, k) \\ {x}`` by Floyd's algorithm over
+    population indices ``p in [0, k-1)`` (value ``p + (p >= x)``), step ``s`` using word
+    ``1 + s``; the row itself is the membership set.
     """
     n = values.shape[0]
     out = np.zeros((n, (k + 7) // 8), dtype=np.uint8)
     pop = k - 1
-    for i in nb.prange(n):
-        x = np.int64(values[i])
-        a = np.uint64(i)
-        m = omega
-        if unit(seed, a, np.uint64(0)) < ps:
-            out[i, x >> 3] |= np.uint8(1 << (x & 7))
-            m = omega - 1
-        for s in range(m):
-            j = np.int64(pop - m + s)
-            t = np.int64(unit(seed, a, np.uint64(1 + s)) * (j + 1))
-            vt = t + 1 if t >= x else t
-            if (out[i, vt >> 3] >> (vt & 7)) & 1:
-                vt = j + 1 if j >= x else j
-            out[i, vt >> 3] |= np.uint8(1 << (vt & 7))
+    w = 1 + omega
+    rows = max(1, min(_CHUNK, _SS_SLOT_WORDS // w))  # bounds a chunk's noise buffer
+    nchunks = (n + rows - 1) // rows
+    for c in nb.prange(nchunks):
+        r0, r1 = c * rows, min(n, (c + 1) * rows)
+        noise = _noise_slots(nkey, w, r0, r1)
+        for i in range(r0, r1):
+            o = (i - r0) * w
+            x = np.int64(values[i])
+            m = omega
+            if unit(noise[o]) < ps:
+                out[i, x >> 3] |= np.uint8(1 << (x & 7))
+                m = omega - 1
+            for s in range(m):
+                j = np.int64(pop - m + s)
+                t = np.int64(unit(noise[o + 1 + s]) * (j + 1))
+                vt = t + 1 if t >= x else t
+                if (out[i, vt >> 3] >> (vt & 7)) & 1:
+                    vt = j + 1 if j >= x else j
+                out[i, vt >> 3] |= np.uint8(1 << (vt & 7))
     return out
 
 
@@ -533,32 +621,162 @@ def packed_to_indices(bits, out):
 
 
 # ------------------------------------------------------------------ histogram encoding (SHE)
-_HALF_ULP53 = 2.0 ** -54  # centres the 2^-53 grid of ``unit`` so that u - 1/2 is symmetric
+import math  # noqa: E402
+
+from .randomness import NOISE_EXT as _SHE_EXT, stream_word as _she_word, words_for  # noqa: E402
+
+SHE_T_BITS = 48  # SHE's noise parameter is the rational gamma = s / 2^SHE_T_BITS
+SHE_DIGIT_BITS = 4  # lazy comparisons read uniform integers 4 bits at a time (t_bits: a multiple of 4)
+_SHE_CHUNK_WORDS = 1 << 16  # noise words per SHE chunk (at most; at least one row)
+# A row's bit reader is the state (j, cur, have): its next word is word j of its draws, ``cur``
+# holds the ``have`` unread bits of the current word (low-aligned); the functions below take
+# the state and return it updated, so that it stays in registers.
+
+
+@nb.njit(cache=True)
+def _she_refill(nkey, r, slot, cache, j, cur, have, m):
+    """:func:`_she_bits` past the current word (out of line: it may compute a ChaCha20 block)."""
+    w = _she_word(nkey, _SHE_EXT, r, slot, j, cache, slot.shape[0])
+    need = m - have
+    v = cur | ((w & ((np.uint64(1) << np.uint64(need)) - np.uint64(1))) << np.uint64(have))
+    return np.int64(v), j + 1, w >> np.uint64(need), np.int64(64 - need)
+
+
+@nb.njit(inline="always", cache=True)
+def _she_bits(nkey, r, slot, cache, j, cur, have, m):
+    """The next ``m`` (1..63) bits of row ``r``'s draws as an integer, and the new state.
+
+    The row's draws are its 64-bit words in order (``slot``, then its :data:`NOISE_EXT`
+    stream, see :func:`stream_word`), each read from its least significant bit up; the first
+    bit read is the least significant of the result.
+    """
+    if have >= m:
+        return (np.int64(cur & ((np.uint64(1) << np.uint64(m)) - np.uint64(1))), j, cur >> np.uint64(m),
+                have - m)
+    return _she_refill(nkey, r, slot, cache, j, cur, have, m)
+
+
+@nb.njit(inline="always", cache=True)
+def _she_bern_frac(g, t_bits, nkey, r, slot, cache, j, cur, have):
+    """Bernoulli(g / 2^t_bits) for ``0 <= g <= 2^t_bits``, exactly: ``R < g`` for a uniform
+    ``t_bits``-bit ``R`` read one :data:`SHE_DIGIT_BITS`-bit digit at a time from its most
+    significant digit, stopping at the first digit that differs from ``g``'s (4.27 bits on
+    average); a certain outcome (``g = 0`` or ``2^t_bits``) reads nothing."""
+    if g <= 0 or g >= (np.int64(1) << t_bits):
+        return g > 0, j, cur, have
+    for i in range(t_bits - SHE_DIGIT_BITS, -1, -SHE_DIGIT_BITS):
+        b, j, cur, have = _she_bits(nkey, r, slot, cache, j, cur, have, SHE_DIGIT_BITS)
+        u = (g >> i) & ((1 << SHE_DIGIT_BITS) - 1)
+        if b != u:
+            return b < u, j, cur, have
+    return False, j, cur, have
+
+
+@nb.njit(inline="always", cache=True)
+def _she_bern_inv(kk, nkey, r, slot, cache, j, cur, have):
+    """Bernoulli(1 / kk) for ``kk >= 2``, exactly: a uniform integer in ``[0, kk)``, drawn by
+    rejection on ``bit_length(kk - 1)`` bits, is 0."""
+    nbits = np.int64(0)
+    m = kk - 1
+    while m > 0:
+        nbits += 1
+        m >>= 1
+    while True:
+        v, j, cur, have = _she_bits(nkey, r, slot, cache, j, cur, have, nbits)
+        if v < kk:
+            return v == 0, j, cur, have
+
+
+@nb.njit(inline="always", cache=True)
+def _she_bern_exp(g, t_bits, nkey, r, slot, cache, j, cur, have):
+    """Bernoulli(exp(-g / 2^t_bits)) for ``0 <= g <= 2^t_bits`` (Canonne, Kamath & Steinke 2020,
+    Alg. 1): ``K = 1``; while Bernoulli(γ/K) (drawn as Bernoulli(1/K), then Bernoulli(γ)),
+    ``K += 1``; the result is ``K`` odd."""
+    kk = np.int64(1)
+    while True:
+        if kk > 1:
+            a, j, cur, have = _she_bern_inv(kk, nkey, r, slot, cache, j, cur, have)
+            if not a:
+                break
+        a, j, cur, have = _she_bern_frac(g, t_bits, nkey, r, slot, cache, j, cur, have)
+        if not a:
+            break
+        kk += 1
+    return (kk & 1) == 1, j, cur, have
+
+
+@nb.njit(inline="always", cache=True)
+def _she_discrete_laplace(s, t_bits, vcap, nkey, r, slot, cache, j, cur, have):
+    """``Z`` with ``P(Z = z) ∝ exp(-|z| s / 2^t_bits)`` (Canonne, Kamath & Steinke 2020, Alg. 2),
+    except that ``V`` stops at ``vcap`` (then ``|Z| >= floor(2^t_bits vcap / s)``, beyond the
+    caller's clip bound, which maps it to the same value as any larger ``|Z|``)."""
+    t = np.int64(1) << t_bits
+    while True:
+        u, j, cur, have = _she_bits(nkey, r, slot, cache, j, cur, have, t_bits)
+        d, j, cur, have = _she_bern_exp(u, t_bits, nkey, r, slot, cache, j, cur, have)
+        if not d:
+            continue
+        v = np.int64(0)
+        while v < vcap:
+            a, j, cur, have = _she_bern_exp(t, t_bits, nkey, r, slot, cache, j, cur, have)
+            if not a:
+                break
+            v += 1
+        y = (u + t * v) // s
+        b, j, cur, have = _she_bits(nkey, r, slot, cache, j, cur, have, 1)
+        if b == 1 and y == 0:
+            continue
+        return (-y if b == 1 else y), j, cur, have
+
+
+def she_slot_words(k: int, s: int, t_bits: int) -> int:
+    """Noise-slot width (words) of an SHE row with ``k`` coordinates: at least the mean number
+    of bits they read plus one standard deviation, rounded up to whole blocks; rows that read
+    more go on in their extension stream (the slot width changes where the bits come from,
+    never their law). A coordinate reads about ``t_bits + 11`` bits per attempt of
+    CKS Alg. 2 (measured: 58.3 at ``t_bits = 48``) over ``2 / ((1 - e^-1)(1 + α))`` attempts
+    on average (``α = e^{-s / 2^t_bits}``), with a standard deviation below its mean."""
+    alpha = math.exp(-s / 2.0 ** t_bits)
+    per = 2.0 * (t_bits + 11) / ((1.0 - math.exp(-1.0)) * (1.0 + alpha))
+    return words_for(math.ceil(per * (k + math.sqrt(k)) / 64.0))
 
 
 @nb.njit(**_PAR)
-def she_randomize(values, seed, beta, shift, bound, k):
-    """SHE device: fixed-point one-hot plus Laplace noise, ``int32 (n, k)``.
+def she_randomize(values, nkey, s, t_bits, bound, slot, out):
+    """SHE device: ``out[i, j] = clip(1{j = values[i]} + Z_ij, -bound, bound)`` (any signed
+    integer dtype), ``Z_ij`` i.i.d. discrete Laplace, ``P(Z = z) ∝ exp(-γ|z|)``, ``γ = s / 2^t_bits``.
 
-    Coordinate j of row i: ``t = unit(seed, i, j) - 1/2 + 2^-54`` (a symmetric grid in
-    (-1/2, 1/2)), Laplace by inverse CDF ``L = -beta sign(t) ln(1 - 2|t|)`` (scale ``beta``
-    in fixed-point units), rounded half away from zero, plus ``shift`` on the value's
-    coordinate, clipped to ``[-bound, bound]``. ``beta``, ``shift``, ``bound`` are floats
-    holding integers.
+    Word consumption: row ``i`` reads a fixed slot of ``slot`` words of the batch noise stream
+    ``(nkey, NOISE, 0)`` (words ``[i slot, (i+1) slot)``) and then its extension stream
+    ``(nkey, NOISE_EXT, i)``, as one bit string (:func:`_she_bits`). Its coordinates
+    ``j = 0 .. k-1`` take their bits in turn, each in the order of Canonne-Kamath-Steinke's
+    Alg. 2: ``t_bits`` bits for ``U``; the Bernoulli trials of ``D`` and then of each ``A``
+    (Alg. 1, each trial Bernoulli(1/K) by rejection on ``bit_length(K-1)`` bits, then
+    Bernoulli(U/2^t_bits) by lazy comparison; trials with a certain outcome read nothing);
+    then 1 bit for ``B``; a rejected attempt starts over with the next bits. ``V`` stops at
+    ``vcap = ceil(s (bound + 1) / 2^t_bits)``, beyond which the clipped output no longer
+    depends on it (and ``U + 2^t_bits V`` stays far inside int64).
     """
-    n = values.shape[0]
-    out = np.empty((n, k), dtype=np.int32)
-    for i in nb.prange(n):
-        x = np.int64(values[i])
-        a = np.uint64(i)
-        for j in range(k):
-            t = unit(seed, a, np.uint64(j)) - 0.5 + _HALF_ULP53
-            d = np.floor(-beta * np.log(1.0 - 2.0 * abs(t)) + 0.5)
-            if t < 0.0:
-                d = -d
-            if j == x:
-                d += shift
-            out[i, j] = np.int32(min(max(d, -bound), bound))
+    n, k = out.shape
+    t = np.int64(1) << t_bits
+    vcap = (s * (bound + 1) + t - 1) >> t_bits
+    rows = max(1, min(_CHUNK, _SHE_CHUNK_WORDS // slot))  # bounds a chunk's noise buffer
+    nchunks = (n + rows - 1) // rows
+    for c in nb.prange(nchunks):
+        r0, r1 = c * rows, min(n, (c + 1) * rows)
+        noise = _noise_slots(nkey, slot, r0, r1)
+        cache = np.zeros(9, dtype=np.uint64)
+        for i in range(r0, r1):
+            o = (i - r0) * slot
+            row = noise[o:o + slot]
+            cache[8] = 0
+            j, cur, have = np.int64(0), np.uint64(0), np.int64(0)
+            x = np.int64(values[i])
+            for col in range(k):
+                z, j, cur, have = _she_discrete_laplace(s, t_bits, vcap, nkey, i, row, cache, j, cur, have)
+                if col == x:
+                    z += 1
+                out[i, col] = min(max(z, -bound), bound)
     return out
 
 

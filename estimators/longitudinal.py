@@ -33,9 +33,14 @@ from scipy.optimize import brentq
 
 from .base import PureProtocol, check_eps
 from .errors import InfeasibleParameters, LDPError
+from .randomness import KEY_WORDS
 
 Calibration = Literal["exact", "paper"]
 CALIBRATIONS = ("exact", "paper")
+
+#: batch seed passed to a chain kernel when only the PRR is computed (``memoized_outputs``): the
+#: batch seed only drives the IRR round, which those calls disable, so its value is never used
+NO_NOISE_KEY = np.zeros(KEY_WORDS, dtype=np.uint32)  # noise key of calls that draw no fresh noise
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,15 @@
 """Per-device memoization state (the device side of the two-round framework).
 
-A device's memo state is a secret 64-bit key plus the set of inputs it has memoized.
-The permanent randomized response (PRR) of input ``x`` is ``PRR(key, x)``, a deterministic
-function computed by the protocol's kernel from counter-based randomness
-(:mod:`estimators._rand`), so the same true value (or hash value, or bucket) yields the same
-memoized output forever, and a restored key reproduces all of them. The ``seen`` bitset
+A device's memo state is a secret 256-bit key (from the OS CSPRNG) plus the set of inputs it has
+memoized. The permanent randomized response (PRR) of input ``x`` is drawn from the ChaCha20
+stream ``(key, PRR, x)`` (:mod:`estimators.randomness`), a keyed PRF, so the same true value
+(or hash value, or bucket) yields the same memoized output forever, a restored key reproduces
+all of them, and the responses reveal nothing about the key. The ``seen`` bitset
 records which inputs have been memoized: it drives the longitudinal privacy accounting
-(seed 001 Eq. 8: each newly memoized input leaks a fresh ε∞).
+(Arcolezi et al., EDBT 2023, Eq. 8: each newly memoized input leaks a fresh ε∞).
+
+The file format is versioned; version 1 (64-bit keys of the SplitMix-based randomness, which a
+server could recover from linked reports) is refused: such devices must start anew.
 
 State files are written atomically (temporary file, fsync, rename) so a crash mid-write
 never leaves a device with a truncated or half-new state: losing memo state would make the
@@ -18,7 +21,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,9 +28,10 @@ import numpy as np
 
 from .errors import InvalidState
 from .fileio import atomic_write
+from .randomness import KEY_WORDS, keys_from
 
 _FORMAT = "ldp-stream/memo-state"
-_VERSION = 1
+_VERSION = 2
 
 
 @dataclass
@@ -37,7 +40,7 @@ class MemoState:
 
     Attributes:
         fingerprint: fingerprint of the protocol parameters the state belongs to.
-        keys: ``uint64 (n_devices,)`` secret memo keys.
+        keys: ``uint32 (n_devices, 8)`` secret 256-bit memo keys.
         seen: ``uint8 (n_devices, ceil(memo_size/8))`` packed bitset (little bit order) of
             memoized inputs.
         memo_size: number of distinct memoizable inputs (k, g or b).
@@ -51,14 +54,11 @@ class MemoState:
     @classmethod
     def fresh(cls, fingerprint: str, n_devices: int, memo_size: int,
               rng: np.random.Generator | None = None) -> "MemoState":
-        """New devices with keys from ``rng`` (tests) or the OS CSPRNG (default)."""
+        """New devices with 256-bit keys from the OS CSPRNG (default) or, in the labelled
+        simulation mode, from ``rng`` (:func:`estimators.randomness.keys_from`)."""
         if n_devices < 0:
             raise InvalidState(f"n_devices must be >= 0, got {n_devices}")
-        if rng is None:
-            raw = secrets.token_bytes(8 * n_devices)
-            keys = np.frombuffer(raw, dtype=np.uint64).copy()
-        else:
-            keys = rng.integers(0, np.iinfo(np.uint64).max, size=n_devices, dtype=np.uint64, endpoint=True)
+        keys = keys_from(rng, n_devices)
         seen = np.zeros((n_devices, (memo_size + 7) // 8), dtype=np.uint8)
         return cls(fingerprint, keys, seen, memo_size)
 
@@ -101,10 +101,16 @@ class MemoState:
                 keys, seen = z["keys"].copy(), z["seen"].copy()
         except (OSError, ValueError, KeyError) as exc:
             raise InvalidState(f"cannot read memo state {path}: {exc}") from exc
-        if header.get("format") != _FORMAT or header.get("version") != _VERSION:
-            raise InvalidState(f"{path} is not a version-{_VERSION} memo state file")
+        if header.get("format") != _FORMAT:
+            raise InvalidState(f"{path} is not a memo state file")
+        if header.get("version") != _VERSION:
+            raise InvalidState(
+                f"{path} is a version-{header.get('version')} memo state file; this release reads version "
+                f"{_VERSION} only. Version 1 held 64-bit keys of a non-cryptographic generator, which a server "
+                "could recover from linked reports: its devices cannot be kept private. Delete the file to start "
+                "the devices anew (new keys, nothing memoized).")
         n, m = header["n_devices"], header["memo_size"]
-        if keys.dtype != np.uint64 or keys.shape != (n,) or seen.shape != (n, (m + 7) // 8):
+        if keys.dtype != np.uint32 or keys.shape != (n, KEY_WORDS) or seen.shape != (n, (m + 7) // 8):
             raise InvalidState(f"{path}: arrays do not match the header")
         state = cls(header["fingerprint"], keys, seen, m)
         if fingerprint is not None and state.fingerprint != fingerprint:

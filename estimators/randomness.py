@@ -368,3 +368,85 @@ def np_unit(w) -> np.ndarray:
 def np_other_than(x: np.ndarray, m: int, u: np.ndarray) -> np.ndarray:
     o = (u * (m - 1)).astype(np.int64)
     return o + (o >= x)
+
+
+# ---------------------------------------------------------------- exact Bernoulli bits, 8 per word
+# Probabilities compared against 32-bit uniforms live on the 2^-32 grid (:func:`quantize32`);
+# protocols use the quantized values everywhere (estimator, variance, ε), so the figures
+# describe exactly what is sampled. A 32-bit uniform ``u = hi 2^24 + rest`` is compared with a
+# threshold ``T`` lazily: its top byte ``hi`` decides unless it equals ``T``'s top byte
+# (probability 1/256), and only then are 24 more bits drawn (a *refinement* word). One 64-bit
+# word thus carries the top bytes of 8 uniforms, i.e. 8 Bernoulli bits, compared lane-wise with
+# SWAR arithmetic (Warren, Hacker's Delight, 2nd ed. 2012, §6-1); the draw is exactly
+# ``P(u < T) = T / 2^32``.
+SCALE32 = float(1 << 32)
+LO32 = np.uint64(0xFFFFFFFF)
+_H = np.uint64(0x8080808080808080)
+_L7 = np.uint64(0x7F7F7F7F7F7F7F7F)
+_GATHER = np.uint64(0x0102040810204080)
+EXPAND = np.array([sum(0xFF << (8 * t) for t in range(8) if b >> t & 1) for b in range(256)], dtype=np.uint64)
+
+
+def quantize32(p: float) -> float:
+    """``p`` rounded to the 2^-32 grid on which 32-bit uniforms are compared."""
+    return round(p * SCALE32) / SCALE32
+
+
+def threshold32(p: float) -> np.uint64:
+    """Integer threshold ``T`` with ``P(u32 < T) = quantize32(p)``."""
+    return np.uint64(round(p * SCALE32))
+
+
+def split_threshold(t: int) -> tuple[np.uint64, np.uint64]:
+    """``(hi, rest)`` with ``t = hi 2^24 + rest`` and ``hi <= 255`` (``t = 2^32`` gives rest 2^24)."""
+    hi = min(int(t) >> 24, 255)
+    return np.uint64(hi), np.uint64(int(t) - (hi << 24))
+
+
+@nb.njit(inline="always", cache=True)
+def lanes_lt(x: np.uint64, y: np.uint64) -> np.uint64:
+    """8-bit mask: bit t set iff byte t of ``x`` < byte t of ``y`` (unsigned)."""
+    d = (x | _H) - (y & _L7)
+    m = ((~x & y) | (~(x ^ y) & ~d)) & _H
+    return ((m >> np.uint64(7)) * _GATHER) >> np.uint64(56)
+
+
+@nb.njit(inline="always", cache=True)
+def lanes_eq(x: np.uint64, y: np.uint64) -> np.uint64:
+    """8-bit mask: bit t set iff byte t of ``x`` == byte t of ``y``."""
+    t = x ^ y
+    nonzero = (((t & _L7) + _L7) | t) & _H
+    return (((~nonzero & _H) >> np.uint64(7)) * _GATHER) >> np.uint64(56)
+
+
+@nb.njit(inline="always", cache=True)
+def bernoulli_top(words, w0, hi_lanes, bits, eq) -> np.uint64:
+    """Byte ``b`` of ``bits`` := lanes of word ``words[w0 + b]`` whose top byte is below the
+    threshold's (``hi_lanes[b]``, one byte per lane); ``eq[b]`` marks the ties. Returns the OR
+    of all tie masks (non-zero: call :func:`bernoulli_refine`). Branch-free; vectorizes."""
+    tie = np.uint64(0)
+    for b in range(bits.shape[0]):
+        z = words[w0 + b]
+        bits[b] = lanes_lt(z, hi_lanes[b])
+        eq[b] = lanes_eq(z, hi_lanes[b])
+        tie |= eq[b]
+    return tie
+
+
+@nb.njit(inline="always", cache=True)
+def bernoulli_refine(bits, eq, sel, rest_a, rest_b, key, domain, a, prefix, j, cache, skip) -> int:
+    """Settle the tied lanes of :func:`bernoulli_top` in order (byte, lane): the r-th tie is 1
+    iff the low 24 bits of draw ``j + r`` (:func:`stream_word`) are below its threshold's rest,
+    ``rest_a`` where bit t of ``sel[b]`` is set, else ``rest_b``. Returns the next draw index."""
+    for b in range(bits.shape[0]):
+        e = eq[b]
+        while e:
+            t = 0
+            while not (e >> np.uint64(t)) & np.uint64(1):
+                t += 1
+            rest = stream_word(key, domain, a, prefix, j, cache, skip) & np.uint64(0xFFFFFF)
+            j += 1
+            if rest < (rest_a if (sel[b] >> np.uint64(t)) & np.uint64(1) else rest_b):
+                bits[b] |= np.uint64(1) << np.uint64(t)
+            e &= e - np.uint64(1)
+    return j

@@ -1,21 +1,39 @@
 """Plain-numpy references of the numba kernels in :mod:`estimators.kernels`.
 
-Same inputs, same counter-based randomness, same outputs: the tests compare them exactly.
+Same inputs, same ChaCha20 streams (:mod:`estimators.randomness`), same outputs: the tests compare them exactly.
 They are slow and memory-hungry on purpose (clarity first); never call them on hot paths.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from ._rand import GOLDEN, np_bernoulli8, np_mix64, np_other_than, np_unit, np_word, split_threshold
-from .kernels import _HOT, _IRR, _PRR
+from .kernels import LH_A, LH_B, UE_REFINE_SLOTS
+from .randomness import (LH_SEED, LO32, NOISE, NOISE_EXT, PRR, np_other_than, np_stream_words, np_unit,
+                         split_threshold)
 
 
-def _addr(values, keys, memo, seed):
-    n = values.shape[0]
-    if memo:
-        return keys.astype(np.uint64), values.astype(np.uint64)
-    return np.full(n, seed, dtype=np.uint64), np.arange(n, dtype=np.uint64)
+class Draws:
+    """A row's draws: ``prefix[j]`` while ``j < len(prefix)``, else word ``j - skip`` of the stream
+    ``(key, domain, a)`` (the twin of :func:`estimators.randomness.stream_word`)."""
+
+    def __init__(self, key, domain, a, prefix, skip: int = 0) -> None:
+        self.key, self.domain, self.a, self.prefix, self.skip = key, domain, int(a), prefix, skip
+        self._ext = np.zeros(0, dtype=np.uint64)
+
+    def __call__(self, j: int) -> np.uint64:
+        if j < self.prefix.shape[0]:
+            return self.prefix[j]
+        jj = j - self.skip
+        if jj >= self._ext.shape[0]:
+            self._ext = np_stream_words(self.key, self.domain, [self.a], max(2 * jj + 8, 16))[0]
+        return self._ext[jj]
+
+
+def noise_slots(nkey, n: int, w: int) -> np.ndarray:
+    """Row ``i``'s ``w``-word slot of the batch noise stream ``(nkey, NOISE, 0)``, ``(n, w)``."""
+    if n * w == 0:
+        return np.zeros((n, w), dtype=np.uint64)
+    return np_stream_words(nkey, NOISE, [0], n * w)[0].reshape(n, w)
 
 
 def _mark(seen, values):
@@ -23,48 +41,74 @@ def _mark(seen, values):
     np.bitwise_or.at(seen, (rows, values >> 3), (1 << (values & 7)).astype(np.uint8))
 
 
-def grr_chain_randomize(values, keys, memo, seen, seed, p1, p2, m):
+def grr_chain_randomize(values, keys, memo, seen, nkey, p1, p2, m):
     values = values.astype(np.int64)
     n = values.shape[0]
-    key, a = _addr(values, keys, memo, seed)
+    irr = p2 < 1.0
+    first = 0 if memo else 2
+    noise = noise_slots(nkey, n, first + (2 if irr else 0))
     if memo:
         _mark(seen, values)
+        pre = np_stream_words(keys, PRR, values, 2)
+        w0, w1 = pre[:, 0], pre[:, 1]
+    else:
+        w0, w1 = noise[:, 0], noise[:, 1]
     x = values.copy()
-    flip = np_unit(key, a, 0) >= p1
-    x[flip] = np_other_than(x, m, np_unit(key, a, 1))[flip]
-    if p2 < 1.0:
-        i = np.arange(n, dtype=np.uint64)
-        flip2 = np_unit(seed, i, 2) >= p2
-        x[flip2] = np_other_than(x, m, np_unit(seed, i, 3))[flip2]
+    flip = np_unit(w0) >= p1
+    x[flip] = np_other_than(x, m, np_unit(w1))[flip]
+    if irr:
+        flip2 = np_unit(noise[:, first]) >= p2
+        x[flip2] = np_other_than(x, m, np_unit(noise[:, first + 1]))[flip2]
     return x
 
 
-def ue_chain_randomize(values, keys, memo, seen, seed, t1p, t1q, t2p, t2q, k):
+def _bernoulli_row(top, hi, rest, draw, j):
+    """Exact lazy Bernoulli bits ``(nbytes, 8)`` from the top-byte words ``top``; ties settled in
+    (byte, lane) order by successive draws ``j, j+1, ...``. Returns the bits and the next ``j``."""
+    lanes = np.arange(8, dtype=np.uint64)
+    byte = (np.asarray(top, dtype=np.uint64)[:, None] >> (np.uint64(8) * lanes)) & np.uint64(0xFF)
+    bits = byte < hi
+    for b, t in zip(*np.nonzero(byte == hi)):
+        bits[b, t] = (draw(j) & np.uint64(0xFFFFFF)) < rest[b, t]
+        j += 1
+    return bits, j
+
+
+def ue_chain_randomize(values, keys, memo, seen, nkey, t1p, t1q, t2p, t2q, k):
     values = values.astype(np.int64)
     n = values.shape[0]
-    key, a = _addr(values, keys, memo, seed)
+    nbytes = (k + 7) // 8
+    irr = not (t2p == 1 << 32 and t2q == 0)
+    first = 0 if memo else nbytes + 1
+    refine0 = first + (nbytes if irr else 0)
+    w = refine0 + UE_REFINE_SLOTS
+    noise = noise_slots(nkey, n, w)
     if memo:
         _mark(seen, values)
-    base = np_word(key, a, _PRR)
-    ibase = np_word(seed, np.arange(n, dtype=np.uint64), _IRR)
-    with np.errstate(over="ignore"):
-        hot = (np_mix64(base + np.uint64(_HOT) * GOLDEN) & np.uint64(0xFFFFFFFF)) < t1p
+    q_hi, q_rest = split_threshold(t1q)
+    (p2_hi, p2_rest), (q2_hi, q2_rest) = split_threshold(t2p), split_threshold(t2q)
     lanes = np.arange(8, dtype=np.uint64)
-    nbytes = (k + 7) // 8
     out = np.zeros((n, nbytes), dtype=np.uint8)
-    q1 = split_threshold(t1q)
-    for b in range(nbytes):
-        bits = np_bernoulli8(base, b, np.full((n, 8), q1[0]), np.full((n, 8), q1[1]))
-        mine = (values >> 3) == b
-        m = np.uint64(1) << (values & 7).astype(np.uint64)
-        bits = np.where(mine & hot, bits | m, np.where(mine, bits & ~m, bits))
-        if not (t2p == 1 << 32 and t2q == 0):
-            prr = ((bits[:, None] >> lanes) & np.uint64(1)).astype(bool)
-            (p_hi, p_rest), (q_hi, q_rest) = split_threshold(t2p), split_threshold(t2q)
-            bits = np_bernoulli8(ibase, b, np.where(prr, p_hi, q_hi), np.where(prr, p_rest, q_rest))
-        if b == nbytes - 1 and k & 7:
-            bits &= np.uint64((1 << (k & 7)) - 1)
-        out[:, b] = bits.astype(np.uint8)
+    for i in range(n):
+        x = int(values[i])
+        slot = noise[i]
+        noise_draws = Draws(nkey, NOISE_EXT, i, slot, skip=w)
+        hi, rest = np.full((nbytes, 8), q_hi), np.full((nbytes, 8), q_rest)
+        jn = refine0
+        if memo:
+            prefix = np_stream_words(keys[i], PRR, [x], nbytes + 1)[0]
+            bits, _ = _bernoulli_row(prefix[:nbytes], hi, rest, Draws(keys[i], PRR, x, prefix), nbytes + 1)
+            hot = prefix[nbytes]
+        else:
+            bits, jn = _bernoulli_row(slot[:nbytes], hi, rest, noise_draws, jn)
+            hot = slot[nbytes]
+        bits[x >> 3, x & 7] = (hot & LO32) < t1p
+        if irr:
+            hi, rest = np.where(bits, p2_hi, q2_hi), np.where(bits, p2_rest, q2_rest)
+            bits, jn = _bernoulli_row(slot[first:first + nbytes], hi, rest, noise_draws, jn)
+        flat = bits.reshape(-1)
+        flat[k:] = False
+        out[i] = (bits.astype(np.uint64) << lanes).sum(axis=1).astype(np.uint8)
     return out
 
 
@@ -77,16 +121,19 @@ def bincount(values, m):
 
 
 # ------------------------------------------------------------------ Hadamard response (HR, FHR)
+from .kernels import FHR_SLOT, HR_SLOT  # noqa: E402
+
+
 def _h(r, c):
     """Hadamard entries ``(-1)^popcount(r & c)`` as int64 ±1 (broadcasting)."""
     return 1 - 2 * (np.bitwise_count(np.bitwise_and(r, c)).astype(np.int64) & 1)
 
 
-def hr_randomize(values, seed, p, K):
-    i = np.arange(values.shape[0], dtype=np.uint64)
-    j = (np_unit(seed, i, 0) * K).astype(np.int64)
+def hr_randomize(values, nkey, p, K):
+    u = np_unit(noise_slots(nkey, values.shape[0], HR_SLOT))
+    j = (u[:, 0] * K).astype(np.int64)
     bit = (_h(j, values.astype(np.int64) + 1) + 1) // 2
-    bit = np.where(np_unit(seed, i, 1) >= p, 1 - bit, bit)
+    bit = np.where(u[:, 1] >= p, 1 - bit, bit)
     return (j << 1) | bit
 
 
@@ -98,15 +145,15 @@ def hr_support(reports, K, k):
     return (_h((r >> 1)[:, None], cols[None, :]) == sign[:, None]).sum(axis=0, dtype=np.int64)
 
 
-def fhr_randomize(values, seed, p, K):
-    i = np.arange(values.shape[0], dtype=np.uint64)
+def fhr_randomize(values, nkey, p, K):
+    u = np_unit(noise_slots(nkey, values.shape[0], FHR_SLOT))
     w = values.astype(np.int64) + 1
     low = w & -w
-    x = (np_unit(seed, i, 0) * K).astype(np.int64)
+    x = (u[:, 0] * K).astype(np.int64)
     x = np.where(_h(w, x) == -1, x ^ low, x)
-    y = (np_unit(seed, i, 1) * K).astype(np.int64)
+    y = (u[:, 1] * K).astype(np.int64)
     y = np.where(_h(w, y) == 1, y ^ low, y)
-    keep = np_unit(seed, i, 2) < p
+    keep = u[:, 2] < p
     return np.stack([np.where(keep, x, y), np.where(keep, y, x)], axis=1)
 
 
@@ -118,66 +165,35 @@ def fhr_support(reports, K, k):
 
 
 # ------------------------------------------------------------------ local hashing (BLH, OLH, LOLOHA)
-from ._rand import np_word as _np_word  # noqa: E402
-from .kernels import LH_A, LH_B, LH_DEVICE_MSG, SIP_K1  # noqa: E402
-
-
-def _np_rotl(x, r):
-    return (x << np.uint64(r)) | (x >> np.uint64(64 - r))
-
-
-def _np_sip_round(v0, v1, v2, v3):
-    v0 = v0 + v1
-    v1 = _np_rotl(v1, 13) ^ v0
-    v0 = _np_rotl(v0, 32)
-    v2 = v2 + v3
-    v3 = _np_rotl(v3, 16) ^ v2
-    v0 = v0 + v3
-    v3 = _np_rotl(v3, 21) ^ v0
-    v2 = v2 + v1
-    v1 = _np_rotl(v1, 17) ^ v2
-    v2 = _np_rotl(v2, 32)
-    return v0, v1, v2, v3
-
-
-def siphash24(k0, k1, m):
-    """SipHash-2-4 of one 8-byte message word, vectorized over numpy uint64 arrays."""
-    k0, k1, m = (np.asarray(t, dtype=np.uint64) for t in (k0, k1, m))
-    last = np.uint64(8 << 56)
+def np_mix64(z) -> np.ndarray:
+    z = np.asarray(z, dtype=np.uint64)
     with np.errstate(over="ignore"):
-        v0 = k0 ^ np.uint64(0x736F6D6570736575)
-        v1 = k1 ^ np.uint64(0x646F72616E646F6D)
-        v2 = k0 ^ np.uint64(0x6C7967656E657261)
-        v3 = (k1 ^ np.uint64(0x7465646279746573)) ^ m
-        for _ in range(2):
-            v0, v1, v2, v3 = _np_sip_round(v0, v1, v2, v3)
-        v0 = v0 ^ m
-        v3 = v3 ^ last
-        for _ in range(2):
-            v0, v1, v2, v3 = _np_sip_round(v0, v1, v2, v3)
-        v0 = v0 ^ last
-        v2 = v2 ^ np.uint64(0xFF)
-        for _ in range(4):
-            v0, v1, v2, v3 = _np_sip_round(v0, v1, v2, v3)
-    return v0 ^ v1 ^ v2 ^ v3
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def lh_coeffs(hseeds):
+    with np.errstate(over="ignore"):
+        h = np_mix64(np.asarray(hseeds, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15))
+    return np_mix64(h ^ LH_A), np_mix64(h ^ LH_B)
 
 
 def lh_hash(hseeds, values, g):
     """``H_seed(v)`` broadcast over ``hseeds`` and ``values`` (multiply-add-shift, see kernels)."""
-    h = np.asarray(hseeds, dtype=np.uint64)
-    a, b = _np_word(h, 0, LH_A), _np_word(h, 0, LH_B)
+    a, b = lh_coeffs(hseeds)
     with np.errstate(over="ignore"):
         return ((((a * np.asarray(values, dtype=np.uint64) + b) >> np.uint64(32)) * np.uint64(g))
                 >> np.uint64(32)).astype(np.int64)
 
 
-def lh_encode(values, keys, memo, seed, g):
+def lh_encode(values, keys, memo, nkey, g):
     n = values.shape[0]
     if memo:
-        s = siphash24(keys, SIP_K1, LH_DEVICE_MSG)
+        s = np_stream_words(keys, LH_SEED, np.zeros(n, dtype=np.uint64), 1)[:, 0]
     else:
-        s = siphash24(seed, SIP_K1, np.arange(n, dtype=np.uint64))
-    hseeds = (s & np.uint64(0xFFFFFFFF)).astype(np.uint32)
+        s = np_stream_words(nkey, LH_SEED, [1], n)[0] if n else np.zeros(0, dtype=np.uint64)
+    hseeds = (s & LO32).astype(np.uint32)
     return hseeds, lh_hash(hseeds, values, g)
 
 
@@ -191,33 +207,40 @@ def lh_support(hseeds, ys, k, g):
 
 
 # ------------------------------------------------------------------ dBitFlipPM
-from .kernels import BITFLIP_J  # noqa: E402
+from .randomness import BITFLIP_BIT, BITFLIP_J  # noqa: E402
 
 
 def bitflip_randomize(values, keys, seen, out, k, b, p, q, floyd):
+    """Whole streams per device: J from words ``0 .. d-1`` (Floyd) or ``0 .. b-1`` (selection
+    sampling) of ``(keys[i], BITFLIP_J, 0)``, the bits from words ``0 .. d-1`` of
+    ``(keys[i], BITFLIP_BIT, case)``."""
     n, d = out.shape
     x = values.astype(np.int64) * b // k
     _mark(seen, x)
-    keys = np.asarray(keys, dtype=np.uint64)
+    keys = np.asarray(keys, dtype=np.uint32).reshape(n, 8)
+    zero = np.zeros(n, dtype=np.uint64)
     J = np.zeros((n, d), dtype=np.int64)
     if floyd:
-        for col, t in enumerate(range(b - d, b)):
-            r = (np_unit(keys, BITFLIP_J, t) * (t + 1)).astype(np.int64)
-            dup = (J[:, :col] == r[:, None]).any(axis=1)
-            J[:, col] = np.where(dup, t, r)
+        u = np_unit(np_stream_words(keys, BITFLIP_J, zero, d))
+        for s in range(d):
+            t = b - d + s
+            r = (u[:, s] * (t + 1)).astype(np.int64)
+            dup = (J[:, :s] == r[:, None]).any(axis=1)
+            J[:, s] = np.where(dup, t, r)
         J.sort(axis=1)
     else:
+        u = np_unit(np_stream_words(keys, BITFLIP_J, zero, b))
         sel = np.zeros(n, dtype=np.int64)
         rows = np.arange(n)
         for t in range(b):
             need = d - sel
-            take = (need > 0) & ((need == b - t) | (np_unit(keys, BITFLIP_J, t) * (b - t) < need))
+            take = (need > 0) & ((need == b - t) | (u[:, t] * (b - t) < need))
             J[rows[take], sel[take]] = t
             sel += take
     hit = J == x[:, None]
     case = np.where(hit.any(axis=1), hit.argmax(axis=1), d)
     l = np.arange(d)
-    u = np_unit(keys[:, None], case.astype(np.uint64)[:, None], l.astype(np.uint64)[None, :])
+    u = np_unit(np_stream_words(keys, BITFLIP_BIT, case.astype(np.uint64), d))
     bits = u < np.where(l[None, :] == case[:, None], p, q)
     out[...] = J * 2 + bits
     return out
@@ -232,20 +255,21 @@ def bitflip_support(reports, b):
 
 
 # ------------------------------------------------------------------ subset selection (SS)
-def ss_randomize(values, seed, ps, omega, k):
-    """Floyd's algorithm run in lockstep over all rows (step ``s`` active while ``s < m``)."""
+def ss_randomize(values, nkey, ps, omega, k):
+    """Floyd's algorithm run in lockstep over all rows (step ``s`` active while ``s < m``);
+    row ``i``'s slot of ``1 + ω`` noise words: 0 keep?, ``1 + s`` Floyd step ``s``."""
     x = values.astype(np.int64)
     n = x.shape[0]
-    i = np.arange(n, dtype=np.uint64)
+    u = np_unit(noise_slots(nkey, n, 1 + omega))
     rows = np.arange(n)
     member = np.zeros((n, k), dtype=bool)
-    keep = np_unit(seed, i, 0) < ps
+    keep = u[:, 0] < ps
     member[rows[keep], x[keep]] = True
     m = np.where(keep, omega - 1, omega)
     for s in range(omega):
         act = s < m
         j = np.where(act, (k - 1) - m + s, 0)  # inactive rows: any in-range index, discarded
-        t = (np_unit(seed, i, 1 + s) * (j + 1)).astype(np.int64)
+        t = (u[:, 1 + s] * (j + 1)).astype(np.int64)
         vt = t + (t >= x)
         hit = member[rows, vt]
         vt = np.where(hit, j + (j >= x), vt)
@@ -261,21 +285,86 @@ def packed_to_indices(bits, out):
 
 
 # ------------------------------------------------------------------ histogram encoding (SHE)
-import math  # noqa: E402
-
-_log = np.frompyfunc(math.log, 1, 1)  # libm's log, as in the kernel (numpy's SIMD log may differ by an ulp)
+from .kernels import SHE_DIGIT_BITS  # noqa: E402
 
 
-def she_randomize(values, seed, beta, shift, bound, k):
+class _SheBits:
+    """Row ``r``'s draws as a bit string (the twin of ``kernels._she_bits``): its slot words,
+    then its :data:`NOISE_EXT` stream, each word from its least significant bit up."""
+
+    def __init__(self, nkey, r: int, slot: np.ndarray) -> None:
+        self.word = Draws(nkey, NOISE_EXT, r, slot, skip=slot.shape[0])
+        self.j, self.buf, self.have = 0, 0, 0
+
+    def __call__(self, m: int) -> int:
+        while self.have < m:
+            self.buf |= int(self.word(self.j)) << self.have
+            self.j += 1
+            self.have += 64
+        v = self.buf & ((1 << m) - 1)
+        self.buf >>= m
+        self.have -= m
+        return v
+
+
+def _she_bern_frac(g: int, t_bits: int, bits: _SheBits) -> bool:
+    """Bernoulli(g / 2^t_bits): a uniform t_bits-bit integer, read digit by digit
+    (``SHE_DIGIT_BITS`` bits) from its top, is < g."""
+    if g <= 0 or g >= 1 << t_bits:
+        return g > 0
+    for i in reversed(range(0, t_bits, SHE_DIGIT_BITS)):
+        b, u = bits(SHE_DIGIT_BITS), (g >> i) % (1 << SHE_DIGIT_BITS)
+        if b != u:
+            return b < u
+    return False
+
+
+def _she_bern_inv(kk: int, bits: _SheBits) -> bool:
+    """Bernoulli(1 / kk), kk >= 2: a uniform integer in [0, kk) (rejection) is 0."""
+    while True:
+        v = bits((kk - 1).bit_length())
+        if v < kk:
+            return v == 0
+
+
+def _she_bern_exp(g: int, t_bits: int, bits: _SheBits) -> bool:
+    """Bernoulli(exp(-g / 2^t_bits)), Canonne-Kamath-Steinke Alg. 1."""
+    kk = 1
+    while (kk == 1 or _she_bern_inv(kk, bits)) and _she_bern_frac(g, t_bits, bits):
+        kk += 1
+    return kk % 2 == 1
+
+
+def _she_discrete_laplace(s: int, t_bits: int, vcap: int, bits: _SheBits) -> int:
+    """Canonne-Kamath-Steinke Alg. 2 with ``V`` stopped at ``vcap``."""
+    t = 1 << t_bits
+    while True:
+        u = bits(t_bits)
+        if not _she_bern_exp(u, t_bits, bits):
+            continue
+        v = 0
+        while v < vcap and _she_bern_exp(t, t_bits, bits):
+            v += 1
+        y = (u + t * v) // s
+        neg = bits(1) == 1
+        if neg and y == 0:
+            continue
+        return -y if neg else y
+
+
+def she_randomize(values, nkey, s, t_bits, bound, slot, out):
+    """Row by row, coordinate by coordinate, in Python integers."""
     x = values.astype(np.int64)
-    n = x.shape[0]
-    i = np.arange(n, dtype=np.uint64)[:, None]
-    j = np.arange(k, dtype=np.uint64)[None, :]
-    t = np_unit(seed, i, j) - 0.5 + 2.0 ** -54
-    d = np.floor(-beta * _log(1.0 - 2.0 * np.abs(t)).astype(np.float64) + 0.5)
-    d = np.where(t < 0.0, -d, d)
-    d = d + np.where(np.arange(k)[None, :] == x[:, None], shift, 0.0)
-    return np.clip(d, -bound, bound).astype(np.int32)
+    n, k = out.shape
+    s, t_bits, bound, slot = int(s), int(t_bits), int(bound), int(slot)
+    vcap = -(-s * (bound + 1) // (1 << t_bits))
+    slots = noise_slots(nkey, n, slot)
+    for i in range(n):
+        bits = _SheBits(nkey, i, slots[i])
+        for j in range(k):
+            z = _she_discrete_laplace(s, t_bits, vcap, bits) + (j == x[i])
+            out[i, j] = min(max(z, -bound), bound)
+    return out
 
 
 def int_column_sums(reports, bound):

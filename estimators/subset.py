@@ -23,10 +23,10 @@ from typing import ClassVar
 import numpy as np
 
 from . import kernels
-from ._rand import draw_seed
 from .base import SingleShotPure, check_domain, check_eps
 from .direct import _int_dtype
 from .errors import InvalidReports, LDPError
+from .randomness import noise_key
 
 LAYOUTS = ("auto", "bits", "indices")
 
@@ -83,10 +83,10 @@ class SS(SingleShotPure):
         return float(np.log(self.p) - np.log(self._p_out) + np.log((self.k - self.omega) / self.omega))
 
     # ---------------------------------------------------------------- device side
-    def randomize(self, values, rng, state=None):
+    def randomize(self, values, rng=None, state=None):
         v = self.check_values(values)
         self._state_for(state, v.shape[0])
-        bits = kernels.ss_randomize(v, draw_seed(rng), self.p, self.omega, self.k)
+        bits = kernels.ss_randomize(v, noise_key(rng), self.p, self.omega, self.k)
         if self.layout == "bits":
             return bits
         return kernels.packed_to_indices(bits, np.empty((v.shape[0], self.omega), dtype=self.report_dtype))

@@ -7,13 +7,13 @@ from typing import ClassVar
 import numpy as np
 
 from . import kernels
-from ._rand import draw_seed, quantize32, threshold32
+from .randomness import KEY_WORDS, noise_key, quantize32, threshold32
 from .base import SingleShotPure, check_domain, check_eps
 from .errors import InvalidReports
-from .longitudinal import Rounds, TwoRoundProtocol, oue_irr, sue_irr, ue_chain_eps_first, ue_eps
+from .longitudinal import NO_NOISE_KEY, Rounds, TwoRoundProtocol, oue_irr, sue_irr, ue_chain_eps_first, ue_eps
 from .memo import MemoState
 
-_NO_KEYS = np.zeros(0, dtype=np.uint64)
+_NO_KEYS = np.zeros((0, KEY_WORDS), dtype=np.uint32)
 _NO_SEEN = np.zeros((0, 0), dtype=np.uint8)
 
 
@@ -83,10 +83,10 @@ class UnaryEncoding(_UnaryReports, SingleShotPure):
     def eps_first(self) -> float:
         return ue_eps(self.p, self.q)
 
-    def randomize(self, values, rng, state=None):
+    def randomize(self, values, rng=None, state=None):
         v = self.check_values(values)
         self._state_for(state, v.shape[0])
-        return kernels.ue_chain_randomize(v, _NO_KEYS, False, _NO_SEEN, draw_seed(rng),
+        return kernels.ue_chain_randomize(v, _NO_KEYS, False, _NO_SEEN, noise_key(rng),
                                           threshold32(self.p), threshold32(self.q), *_SINGLE_ROUND, self.k)
 
 
@@ -124,11 +124,26 @@ class LongitudinalUE(_UnaryReports, TwoRoundProtocol):
     def eps_first(self) -> float:
         return ue_chain_eps_first(self.rounds)
 
-    def randomize(self, values, rng, state: MemoState | None = None):
+    def _chain(self, v: np.ndarray, keys: np.ndarray, seen: np.ndarray, nkey: np.ndarray | None,
+               irr: bool) -> np.ndarray:
+        """The memoized UE chain for values ``v``: the PRR of ``(key, v)`` (marking ``v`` in
+        ``seen``), then with ``irr`` the IRR from the batch noise key ``nkey``; without it the PRR
+        output alone (``t2p = 2^32, t2q = 0`` disables the second round, as for single-shot UE). The one call of the UE-chain kernel for memoized reports."""
+        second = (threshold32(self.p2), threshold32(self.q2)) if irr else _SINGLE_ROUND
+        return kernels.ue_chain_randomize(v, keys, True, seen, NO_NOISE_KEY if nkey is None else nkey,
+                                          threshold32(self.p1), threshold32(self.q1), *second, self.k)
+
+    def randomize(self, values, rng=None, state: MemoState | None = None):
         v = self.check_values(values)
         st = self._state_for(state, v.shape[0])
-        return kernels.ue_chain_randomize(v, st.keys, True, st.seen, draw_seed(rng),
-                                          *(threshold32(p) for p in (self.p1, self.q1, self.p2, self.q2)), self.k)
+        return self._chain(v, st.keys, st.seen, noise_key(rng), irr=True)
+
+    def memoized_outputs(self, values: np.ndarray, state: MemoState) -> np.ndarray:
+        """The devices' PRR bit vectors for ``values`` (memoized per ``(key, value)``), packed
+        like reports, without the IRR round and without marking anything memoized."""
+        v = self.check_values(values)
+        st = self._state_for(state, v.shape[0])
+        return self._chain(v, st.keys, st.seen.copy(), None, irr=False)
 
 
 class LOUE(LongitudinalUE):

@@ -32,6 +32,11 @@ EPS = Annotated[float, typer.Option(help="ε of single-shot protocols.")]
 EPS_INF = Annotated[float, typer.Option("--eps-inf", help="ε∞ of longitudinal protocols (one memoized value).")]
 EPS_1 = Annotated[float, typer.Option("--eps-1", help="ε1 of longitudinal protocols (one report).")]
 SEED = Annotated[int, typer.Option(help="Seed of every random draw (runs are reproducible).")]
+SIM_SEED = Annotated[Optional[int], typer.Option(
+    help="Simulation mode: seed every device key and noise draw (reproducible, NOT private). "
+         "Default: 256-bit keys from the OS CSPRNG, as on real devices.")]
+SIMULATION_BANNER = ("[bold yellow]SIMULATION MODE[/]: --seed {seed} seeds every device key and noise draw; "
+                     "the reports are reproducible by anyone who knows the seed and are NOT private.")
 CAL = Annotated[str, typer.Option(help="p2 calibration of L-GRR and LOLOHA: exact or paper.")]
 
 
@@ -72,11 +77,13 @@ def demo(campaign: CAMPAIGN = Path("deploy/campaigns/demo.toml"),
          batch_size: Annotated[int, typer.Option(help="Reports per Kafka message.")] = 50_000,
          step_seconds: Annotated[float, typer.Option(help="Minimum wall time per step (to watch it).")] = 2.0,
          top: Annotated[int, typer.Option(help="Values shown per attribute.")] = 8,
-         seed: SEED = 0) -> None:
+         seed: SIM_SEED = None) -> None:
     """The whole pipeline on the embedded local stack: stack up, workers, a simulated fleet, and a live
     view of true vs estimated histograms and privacy figures; everything is stopped on exit or Ctrl-C."""
     from .demo import run_demo
 
+    if seed is not None:
+        console.print(SIMULATION_BANNER.format(seed=seed))
     raise typer.Exit(run_demo(campaign, devices, steps, workers, batch_size, step_seconds, seed, top, console))
 
 
@@ -139,6 +146,20 @@ def simulate(n: Annotated[int, typer.Option(help="Devices in the simulated fleet
     console.print(h)
 
 
+_ROUND_TITLES = {"first": "first round (one report per device, claim ε1)",
+                 "prr": "PRR round (memoized response alone, claim ε∞)",
+                 "longitudinal": "longitudinal round (τ reports per device, claim = accounted longitudinal ε)"}
+
+
+def _sequence(text: Optional[str], name: str) -> Optional[tuple[int, ...]]:
+    if text is None:
+        return None
+    try:
+        return tuple(int(x) for x in text.replace(" ", "").split(",") if x)
+    except ValueError:
+        _fail(LDPError(f"{name} must be comma-separated integers, got {text!r}"))
+
+
 @app.command()
 def audit(protocol: Annotated[Optional[str], typer.Argument(help="Protocol to audit; omit for every protocol.")] = None,
           k: K = 8, eps: EPS = 1.0, eps_inf: EPS_INF = 2.0, eps_1: EPS_1 = 1.0,
@@ -146,46 +167,84 @@ def audit(protocol: Annotated[Optional[str], typer.Argument(help="Protocol to au
           b: Annotated[Optional[int], typer.Option(help="dBitFlipPM buckets (default k).")] = None,
           d: Annotated[Optional[int], typer.Option(help="dBitFlipPM sampled buckets (default 1).")] = None,
           calibration: CAL = "exact",
+          round_: Annotated[Optional[list[str]], typer.Option(
+              "--round", "-r", help="Round to audit: first (ε1 of one report), prr (ε∞ of the memoized "
+              "response) or longitudinal (a device's τ reports vs the accounted longitudinal ε); "
+              "repeat for several. Default: all three.")] = None,
           v1: Annotated[int, typer.Option(help="First input.")] = 0,
           v2: Annotated[int, typer.Option(help="Second input.")] = 1,
-          trials: Annotated[int, typer.Option(help="Reports drawn per input.")] = 1_000_000,
+          tau: Annotated[int, typer.Option(help="Longitudinal round: reports per device (constant and "
+                                                "switching sequences of this length).")] = 16,
+          seq1: Annotated[Optional[str], typer.Option(
+              help="Longitudinal round: first input sequence, comma-separated (with --seq2; replaces the "
+                   "default pairs).")] = None,
+          seq2: Annotated[Optional[str], typer.Option(help="Longitudinal round: second input sequence.")] = None,
+          trials: Annotated[Optional[int], typer.Option(
+              help="Reports per input (first, prr) or devices per sequence (longitudinal). Default per "
+                   "round: first 1000000, prr 1000000, longitudinal 200000.")] = None,
           confidence: Annotated[float, typer.Option(help="Confidence of the Clopper-Pearson bound.")] = 0.95,
           seed: SEED = 0) -> None:
-    """Empirical privacy audit: an ε lower bound (Clopper-Pearson) next to the stated ε."""
+    """Empirical privacy audit: an ε lower bound (Clopper-Pearson) next to the stated ε, per round."""
     from estimators import audit as A
 
+    rounds = list(dict.fromkeys(round_ or A.ROUNDS))
+    bad = [r for r in rounds if r not in A.ROUNDS]
+    if bad:
+        _fail(LDPError(f"--round must be one of {', '.join(A.ROUNDS)}, got {', '.join(bad)}"))
+    s1, s2 = _sequence(seq1, "--seq1"), _sequence(seq2, "--seq2")
+    if (s1 is None) != (s2 is None):
+        _fail(LDPError("pass both --seq1 and --seq2, or neither"))
     try:
         if protocol is None:
             plan = A.plan_audit_cases(k)
             cases = [(name, estimators.make(name, **params)) for name, params in plan.cases]
-            skipped = plan.skipped
+            skipped = list(plan.skipped)
         else:
             cases = [(protocol, build(protocol, k=k, eps=eps, eps_inf=eps_inf, eps_1=eps_1, g=g, b=b, d=d,
                                       calibration=calibration))]
             skipped = []
+        plans = {}
+        for r in rounds:
+            jobs, skip = A.plan_round(cases, r, v1=v1, v2=v2, tau=tau, seq1=s1, seq2=s2)
+            plans[r] = jobs
+            skipped += skip
     except LDPError as exc:
         _fail(exc)
-    results = []
-    with progress() as bar:
-        for name, proto in cases:
-            task = bar.add_task(f"audit {proto!r}"[:60], total=2 * trials)
-            try:
-                results.append(A.audit(proto, v1=v1, v2=v2, trials=trials, seed=seed, confidence=confidence,
-                                       on_progress=lambda d, tot, t=task: bar.update(t, completed=d)))
-            except LDPError as exc:
-                _fail(exc)
-    t = Table(title=f"privacy audit: {trials:,} reports per input, {confidence:.0%} Clopper-Pearson")
-    for col in ("protocol", "ε stated (true ε1)", "ε lower bound", "ε̂ [CI]", "tightness", "verdict"):
-        t.add_column(col, justify="left" if col == "protocol" else "right")
-    for r in results:
-        extra = " ".join(f"{a}={v}" for a, v in r.params.items() if a not in ("protocol", "k"))
-        t.add_row(f"{r.protocol} {extra}", f"{r.eps_theory:.4f}", f"{r.eps_lower:.4f}",
-                  f"{r.eps_hat:.4f} [{r.eps_hat_ci[0]:.3f}, {r.eps_hat_ci[1]:.3f}]", f"{r.tightness:.1%}",
-                  "[green]ok[/green]" if r.passed else "[red]LEAKS MORE THAN STATED[/red]")
-    console.print(t)
+    if not any(plans.values()):
+        _fail(LDPError(f"nothing to audit in round(s) {', '.join(rounds)}: the PRR and longitudinal rounds "
+                       "need a memoizing protocol"))
+    failed = False
+    for r in rounds:
+        jobs = plans[r]
+        if not jobs:
+            console.print(f"[yellow]{_ROUND_TITLES[r]}: not applicable (no memoizing protocol)[/yellow]")
+            continue
+        results = []
+        with progress() as bar:
+            for job in jobs:
+                task = bar.add_task(f"{r} {job.proto!r}"[:60], total=job.reports(trials))
+                try:
+                    results.append(job.run(trials=trials, seed=seed, confidence=confidence,
+                                           on_progress=lambda done, tot, t=task: bar.update(t, completed=done)))
+                except LDPError as exc:
+                    _fail(exc)
+        n = A.DEFAULT_TRIALS[r] if trials is None else trials
+        unit = (f"{n:,} devices per sequence" if r == "longitudinal"
+                else f"{n:,} {'fresh devices' if r == 'prr' else 'reports'} per input")
+        t = Table(title=f"privacy audit, {_ROUND_TITLES[r]}: {unit}, {confidence:.0%} Clopper-Pearson")
+        for col in ("protocol", "inputs", "claim", "ε claimed", "ε lower bound", "ε̂ [CI]", "tightness", "verdict"):
+            t.add_column(col, justify="left" if col in ("protocol", "inputs") else "right")
+        for res in results:
+            extra = " ".join(f"{a}={v}" for a, v in res.params.items() if a not in ("protocol", "k"))
+            t.add_row(f"{res.protocol} {extra}", A.describe_inputs(res), res.theory_label, f"{res.eps_theory:.4f}",
+                      f"{res.eps_lower:.4f}",
+                      f"{res.eps_hat:.4f} [{res.eps_hat_ci[0]:.3f}, {res.eps_hat_ci[1]:.3f}]", f"{res.tightness:.1%}",
+                      "[green]ok[/green]" if res.passed else "[red]LEAKS MORE THAN STATED[/red]")
+        console.print(t)
+        failed |= not all(res.passed for res in results)
     for s in skipped:
         console.print(f"[yellow]skipped[/yellow] {s}")
-    if not all(r.passed for r in results):
+    if failed:
         raise typer.Exit(1)
 
 
@@ -203,7 +262,8 @@ def bench_protocols(k: K = 100, n: Annotated[int, typer.Option(help="Reports per
     if not have_peer:
         console.print("[yellow]multi-freq-ldpy is not installed (pip install -e '.[bench]'): peer columns empty[/yellow]")
     names = protocol or list(estimators.PROTOCOLS)
-    targets = {("OUE", "rand"): 50, ("OLH", "rand"): 50, ("L-OSUE", "rand"): 50, ("GRR", "rand"): 20,
+    # randomize: >= 20x with cryptographic device randomness (ChaCha20 streams, 256-bit keys)
+    targets = {("OUE", "rand"): 20, ("OLH", "rand"): 20, ("L-OSUE", "rand"): 20, ("GRR", "rand"): 20,
                ("OLH", "agg"): 50, ("LOLOHA", "agg"): 50}
     rows = []
     with progress() as bar:
@@ -292,16 +352,19 @@ def _si(rate: float | None) -> str:
 
 
 def _time_ours(p: estimators.FrequencyProtocol, n: int, repeats: int, seed: int) -> tuple[float, float]:
-    """Best-of-``repeats`` reports/s of randomize and of support + estimate (after a warm-up)."""
+    """Best-of-``repeats`` reports/s of randomize and of support + estimate (after a warm-up).
+
+    ``randomize`` runs as on real devices: 256-bit memo keys and batch noise keys from the OS
+    CSPRNG (``seed`` only draws the input values)."""
     rng = np.random.default_rng(seed)
     values = rng.integers(0, p.k, n)
-    state = p.new_state(n, rng=rng)
-    reports = p.randomize(values[:64], rng, state=None if state is None else state.subset(slice(0, 64)))
+    state = p.new_state(n)
+    reports = p.randomize(values[:64], state=None if state is None else state.subset(slice(0, 64)))
     p.estimate(p.support(reports), 64)
     best_r = best_a = float("inf")
     for _ in range(max(1, repeats)):
         t0 = time.perf_counter()
-        reports = p.randomize(values, rng, state=state)
+        reports = p.randomize(values, state=state)
         t1 = time.perf_counter()
         p.estimate(p.support(reports), n)
         t2 = time.perf_counter()
@@ -338,7 +401,7 @@ def produce(campaign: CAMPAIGN = Path("deploy/campaigns/demo.toml"), kafka: KAFK
             rate: Annotated[Optional[float], typer.Option(help="Target reports/s (default: as fast as possible).")] = None,
             state_dir: Annotated[Optional[Path], typer.Option(help="Persist the fleet's memo state here (resumable).")] = None,
             partitions: Annotated[int, typer.Option(help="Partitions of ldp.reports if it must be created.")] = 4,
-            seed: SEED = 0) -> None:
+            seed: SIM_SEED = None) -> None:
     """Simulate a device fleet and publish its randomized reports to ldp.reports."""
     from estimators.campaign import Campaign, CampaignError
     from producers.fleet import FleetConfig, PublishError, publish
@@ -351,6 +414,8 @@ def produce(campaign: CAMPAIGN = Path("deploy/campaigns/demo.toml"), kafka: KAFK
     except (CampaignError, ValueError) as exc:
         _fail(exc)
     total = devices * steps * len(camp.attributes)
+    console.print(SIMULATION_BANNER.format(seed=seed) if seed is not None else
+                  "randomness: 256-bit device keys and batch noise keys from the OS CSPRNG (ChaCha20 streams)")
     console.print(f"fleet of {devices:,} devices x {len(camp.attributes)} attributes x {steps} steps "
                   f"= {total:,} reports → {bootstrap}")
     with progress() as bar:

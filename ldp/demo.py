@@ -75,7 +75,7 @@ def _view(campaign: Campaign, truth: dict, finals: dict, header: str, top: int) 
 
 
 def run_demo(campaign_path: Path, devices: int, steps: int, workers: int, batch: int, step_seconds: float,
-             seed: int, top: int, console: Console) -> int:
+             seed: int | None, top: int, console: Console) -> int:
     from aiokafka import AIOKafkaProducer
 
     from stream_app.stack import LocalStack

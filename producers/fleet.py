@@ -10,11 +10,15 @@ batches of ``batch_size`` (one batch envelope = one Kafka message, key ``b"{t}:{
 followed by a watermark envelope with the same key, hence in the same partition and after
 the batches. Sends are pipelined (a bounded window of un-acked futures, ``acks="all"``).
 
-Determinism: every random draw comes from a generator seeded by ``(seed, attribute, purpose,
-t)``, so a fleet is a pure function of its config, and a fleet resumed from ``state_dir``
-continues exactly as the uninterrupted one would have (same values, same memo keys, same
-reports). Memo keys of simulated devices are derived from the seed, not from the OS CSPRNG
-(the device SDK, :mod:`producers.sdk`, uses the CSPRNG).
+Randomness: by default (``seed=None``) the fleet is private like real devices: memo keys and
+the noise of every batch are 256-bit keys from the OS CSPRNG (:mod:`estimators.randomness`);
+only the simulated true values come from a generator (seeded by a random population seed kept
+in the state directory, so a resumed fleet's values continue). With an integer ``seed`` the
+fleet runs in the labelled *simulation mode*: every draw comes from a generator seeded by
+``(seed, attribute, purpose, t)``, so a fleet is a pure function of its config and a fleet
+resumed from ``state_dir`` continues exactly as the uninterrupted one would have (same values,
+same memo keys, same reports) -- and anyone who knows the seed can re-derive every report, so
+it is for tests and benchmarks only (:attr:`Fleet.simulation` says which mode is on).
 
 State directory layout (``state_dir``)::
 
@@ -32,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import secrets
 import shutil
 import tempfile
 import time
@@ -88,7 +93,7 @@ class FleetConfig:
     base: str = "zipf"
     batch_size: int = 50_000
     rate: float | None = None
-    seed: int = 0
+    seed: int | None = None
     state_dir: Path | None = None
     first_step: int | None = None
     zipf_s: float = 1.1
@@ -204,14 +209,15 @@ class Fleet:
         self.attributes: list[str] = list(self.campaign.attributes)
         self.populations: dict[str, EvolvingPopulation] = {}
         self.states: dict[str, MemoState | None] = {}
-        n, seed = config.n_devices, config.seed
+        n = config.n_devices
+        self.population_seed = config.seed if config.seed is not None else secrets.randbits(63)
         for name in self.attributes:
             proto = self.proto(name)
             tag = _attr_tag(name)
             self.populations[name] = EvolvingPopulation(
                 n, proto.k, kind=config.dataset, p_change=config.p_change, base=config.base,  # type: ignore[arg-type]
-                zipf_s=config.zipf_s, rng=np.random.default_rng([seed, tag, _POPULATION]))
-            self.states[name] = proto.new_state(n, rng=np.random.default_rng([seed, tag, _KEYS]))
+                zipf_s=config.zipf_s, rng=np.random.default_rng([self.population_seed, tag, _POPULATION]))
+            self.states[name] = proto.new_state(n, rng=self._device_rng(tag, _KEYS))
         self.resumed = False
         self.next_step = 0
         if config.state_dir is not None:
@@ -220,6 +226,15 @@ class Fleet:
             self.next_step = config.first_step
 
     # ------------------------------------------------------------------ basics
+    @property
+    def simulation(self) -> bool:
+        """True in the seeded simulation mode (reproducible, not private)."""
+        return self.config.seed is not None
+
+    def _device_rng(self, *purpose: int) -> np.random.Generator | None:
+        """The generator of a device-side draw: ``None`` (OS CSPRNG) unless in simulation mode."""
+        return None if self.config.seed is None else np.random.default_rng([self.config.seed, *purpose])
+
     def proto(self, attribute: str) -> FrequencyProtocol:
         return self.campaign.attribute(attribute).protocol
 
@@ -252,11 +267,10 @@ class Fleet:
         proto = self.proto(name)
         tag = _attr_tag(name)
         pop = self.populations[name]
-        pop.rng = np.random.default_rng([self.config.seed, tag, _EVOLVE, t])
+        pop.rng = np.random.default_rng([self.population_seed, tag, _EVOLVE, t])
         pop.t = t - 1
         values = pop.step().copy()
-        rng = np.random.default_rng([self.config.seed, tag, _RANDOMIZE, t])
-        reports = proto.randomize(values, rng, state=self.states[name])
+        reports = proto.randomize(values, self._device_rng(tag, _RANDOMIZE, t), state=self.states[name])
         return StepData(name, t, values, reports, true_frequencies(proto, values),
                         proto.support(reports), int(values.shape[0]))
 
@@ -284,7 +298,8 @@ class Fleet:
         return {"format": _STATE_FORMAT, "version": _STATE_VERSION, "campaign": self.campaign.id,
                 "fingerprint": self.campaign.fingerprint, "n_devices": c.n_devices,
                 "attributes": self.attributes, "dataset": c.dataset, "base": c.base,
-                "p_change": c.p_change, "seed": c.seed, "last_step": t, "next_step": t + 1,
+                "p_change": c.p_change, "seed": c.seed,
+                "population_seed": self.population_seed, "last_step": t, "next_step": t + 1,
                 "snapshot": snapshot, "saved_at": time.time()}
 
     def commit(self, t: int) -> None:
@@ -338,6 +353,8 @@ class Fleet:
                                   f"({self.campaign.fingerprint}); use another state directory")
         if meta.get("n_devices") != self.n_devices:
             raise FleetStateError(f"{root} holds {meta.get('n_devices')} devices, the fleet has {self.n_devices}")
+        if self.config.seed is None and meta.get("population_seed") is not None:
+            self.population_seed = int(meta["population_seed"])  # the simulated values continue
         snap = root / str(meta["snapshot"])
         for attr in self.attributes:
             proto = self.proto(attr)

@@ -12,15 +12,79 @@ State directory (``state_path``)::
 
     device.json        # campaign id and fingerprint the state belongs to
     <attr>.memo.npz    # one MemoState of a single device per memoizing attribute (atomic writes)
-    budget.json        # reports spent by memoryless attributes (atomic writes)
+    budget.json        # the budget ledger (atomic writes): reports spent by memoryless attributes,
+                       # memo slots reserved by memoizing ones, and the value each memoizing
+                       # attribute last reported (the value a frozen attribute keeps reporting)
     .lock              # flock: one Device at a time per state directory
 
-Privacy budget: the device's total longitudinal loss is the sum over attributes of
-``proto.longitudinal_loss(memoized_count)`` for memoizing protocols plus ``reports x eps_first``
-for memoryless ones. A report that would push it over ``budget_eps`` raises
-:class:`BudgetExceeded`: nothing is memoized, saved or sent. Re-reporting a value whose memoized
-response already exists costs nothing and is always allowed. State is saved *before* a report
-leaves :meth:`Device.report`, so a crash can only over-count spending, never forget it.
+Lifetime privacy budget
+-----------------------
+The rule is built so that what the server sees of a device, *which* scheduled reports arrive and
+which are refused, depends only on the device's schedule (which attribute it reports when) and on
+its configuration, never on its values. Everything value-dependent stays inside the randomized
+payload, whose cost the longitudinal ε accounting already covers.
+
+*Actual loss.* :meth:`Device.privacy_loss` is the device's longitudinal loss: the sum over
+attributes of ``proto.longitudinal_loss(memoized_count)`` for memoizing protocols plus
+``reports x eps_first`` for memoryless ones. It depends on the values (how many distinct inputs
+were memoized), so no visible decision may be taken on it.
+
+*Reserved loss.* Each report of a memoizing attribute reserves one more *memo slot* (while the
+attribute has fewer than ``memo_size`` slots and the reservation fits in ``budget_eps``): the
+room to memoize one new input, whether or not the value turns out to be new. The reserved loss
+(:meth:`Device.reserved_loss`) is the sum of ``proto.longitudinal_loss(slots)`` over memoizing
+attributes plus ``reports x eps_first`` over memoryless ones. It depends on the schedule only,
+and it bounds the actual loss (an attribute never memoizes more inputs than it has slots), so
+``privacy_loss() <= reserved_loss() <= budget_eps`` at all times.
+
+*Freezing.* A report of a memoizing attribute whose value is already memoized costs nothing and
+randomizes that value (its memoized PRR is reused). A value that would need a new memoization is
+memoized if the attribute has a free slot (and, should ``budget_eps`` have been lowered, if the
+actual loss stays within it). Otherwise the attribute is *frozen*: the report is still made, on
+schedule, but it randomizes the value the attribute last reported, which is memoized, instead of
+the new one. Its memoized PRR is reused, no new ε∞ is spent, nothing is memoized and the memo
+file does not change. The server cannot tell a frozen device from one whose value did not change.
+A frozen attribute reports its true value again whenever that value is one it has memoized.
+
+*Refusals.* :class:`BudgetExceeded` (nothing memoized, saved or sent) is raised only by
+decisions on the reserved loss, which are data-independent: a memoryless report whose
+``eps_first`` does not fit, or the *first* report of a memoizing attribute when the budget cannot
+reserve its first memo slot (earlier reports of other attributes reserved it). A memoizing
+attribute that has reported once is never refused again: it freezes instead. A budget too small
+to memoize even one value of some memoizing attribute of the campaign is refused when the
+:class:`Device` is built (``ValueError``): such an attribute could never report, and refusing
+its first value at report time would be the only behaviour left, so the configuration is
+rejected up front instead.
+
+The reservation is schedule-driven, so a shared budget is handed out in report order: an
+attribute that reports often reserves its slots early (up to ``memo_size``), and an attribute or
+memoryless report that comes later may find the budget reserved even when few values actually
+changed. That conservatism is the price of not leaking, through a refusal, how many values the
+*other* attributes memoized. With a single memoizing attribute it makes no difference: the
+attribute memoizes new values until ``longitudinal_loss`` would pass the budget, then freezes.
+
+*Accounting.* The longitudinal ε accounting is unchanged: a frozen report is one more report of
+an already memoized input, so the loss stays ``proto.longitudinal_loss(memoized_count)`` summed
+as above, at most ``budget_eps``.
+
+*Bias.* A frozen attribute keeps contributing the value it held when it froze, so estimates lag
+true changes: the estimated histogram is biased toward the values held at freeze time. The
+estimator stays unbiased for the *reported* values; for the true values, the bias of the
+frequency of ``x`` at a step is ``phi x (g(x) - h(x))``, where ``phi`` is the fraction of devices
+reporting a substituted (frozen) value at that step, ``g`` the distribution of their frozen
+values and ``h`` the distribution of their current true values. Its size is at most ``phi`` per
+frequency (and ``phi`` in total variation); it is zero when frozen devices' values did not in
+fact move, and it grows as the population drifts away from what the frozen devices hold.
+
+*Crash safety.* The ledger is written *before* a report leaves :meth:`Device.report`, and a new
+memoization is written as: ledger with the reserved slot, memo state, ledger with the new last
+value. A crash can only over-count the reservation, never under-count it, and the recorded last
+value is always a memoized one.
+
+*Older state.* A state directory written before this rule has no slots or last values: its slots
+start at its memoized count, and until a memoizing attribute has reported once under this SDK it
+has no last value to freeze to, so such an attribute is refused (:class:`BudgetExceeded`) rather
+than frozen if its very next value needs a memoization it cannot afford.
 
 The report object matches the stream app's ``POST /reports`` endpoint::
 
@@ -31,6 +95,7 @@ The report object matches the stream app's ``POST /reports`` endpoint::
 from __future__ import annotations
 
 import base64
+import dataclasses
 import fcntl
 import json
 import os
@@ -56,12 +121,18 @@ _TOL = 1e-9
 
 
 class BudgetExceeded(LDPError):
-    """The report would push the device's lifetime privacy loss over its budget."""
+    """The report would push the device's reserved privacy loss over its budget.
 
-    def __init__(self, attribute: str, spent: float, cost: float, budget: float) -> None:
-        super().__init__(f"privacy budget exceeded: reporting {attribute!r} would raise the device's "
-                         f"longitudinal loss from {spent:.4g} to {spent + cost:.4g} > budget {budget:.4g}; "
-                         "nothing was memoized or sent")
+    Raised only on data-independent grounds (see the module docstring): nothing was memoized,
+    saved or sent. ``spent`` is the reserved loss before the report, ``cost`` what it needed.
+    """
+
+    def __init__(self, attribute: str, spent: float, cost: float, budget: float,
+                 detail: str | None = None) -> None:
+        msg = (f"privacy budget exceeded: reporting {attribute!r} would raise the device's reserved "
+               f"longitudinal loss from {spent:.4g} to {spent + cost:.4g} > budget {budget:.4g}; "
+               "nothing was memoized or sent")
+        super().__init__(msg if detail is None else f"{msg} ({detail})")
         self.attribute, self.spent, self.cost, self.budget = attribute, spent, cost, budget
 
 
@@ -77,24 +148,53 @@ class DeviceStateError(LDPError):
     """A state directory that does not belong to this campaign or cannot be read."""
 
 
+def _copy_state(st: MemoState) -> MemoState:
+    """A scratch copy to randomize on: the real state only changes once the budget agrees."""
+    return dataclasses.replace(st, keys=st.keys.copy(), seen=st.seen.copy())
+
+
+def _count(st: MemoState) -> int:
+    return int(st.memoized_count()[0])
+
+
 class Device:
-    """One device of ``campaign`` whose state lives in the directory ``state_path``."""
+    """One device of ``campaign`` whose state lives in the directory ``state_path``.
+
+    ``budget_eps`` is the device's lifetime longitudinal ε over all attributes (``None``: no
+    limit). Memoizing attributes never stop reporting once they have reported: past the budget
+    they *freeze* on the value they last reported (module docstring: the rule, its accounting and
+    the bias it puts on estimates). ``ValueError`` if the budget cannot memoize even one value of
+    some memoizing attribute.
+
+    Randomness: a real device is never in simulation mode. Its memo keys (256 bits per attribute)
+    and the noise key of every report (256 bits) come from the OS CSPRNG
+    (:mod:`estimators.randomness`); the SDK takes no random generator at all.
+    """
 
     def __init__(self, campaign: Campaign, state_path: str | Path, budget_eps: float | None = None,
-                 ingest_url: str | None = None, *, rng: np.random.Generator | None = None,
-                 timeout: float = 10.0) -> None:
+                 ingest_url: str | None = None, *, timeout: float = 10.0) -> None:
         if budget_eps is not None and not budget_eps >= 0:
             raise ValueError(f"budget_eps must be >= 0 or None, got {budget_eps}")
+        if budget_eps is not None:
+            for name, attr in campaign.attributes.items():
+                proto = attr.protocol
+                first = float(proto.longitudinal_loss(1)) if proto.memo_size else 0.0
+                if first > budget_eps + _TOL:
+                    raise ValueError(
+                        f"budget_eps={budget_eps:.4g} cannot memoize a single value of {name!r} "
+                        f"({proto.name}, one memoized value costs {first:.4g}): the budget must allow "
+                        "at least one memoized value of every memoizing attribute")
         self.campaign = campaign
         self.state_path = Path(state_path).expanduser()
         self.budget_eps = None if budget_eps is None else float(budget_eps)
         self.ingest_url = ingest_url
         self.timeout = timeout
-        self._rng = rng if rng is not None else np.random.default_rng()
         self.state_path.mkdir(parents=True, exist_ok=True)
         self._lock_fd = os.open(self.state_path / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
         self.states: dict[str, MemoState | None] = {}
-        self.spent_reports: dict[str, int] = {}
+        self.spent_reports: dict[str, int] = {}   # memoryless attribute -> reports made
+        self.memo_slots: dict[str, int] = {}      # memoizing attribute -> memo slots reserved
+        self.last_values: dict[str, int] = {}     # memoizing attribute -> value last reported
         self._seen_files: dict[Path, tuple[int, int] | None] = {}
         with self._locked():
             self._check_or_write_identity()
@@ -172,7 +272,7 @@ class Device:
                 self.states[name] = self._load_or_create(name, attr.protocol)
                 self._changed(self._memo_path(name))
         if self._changed(self._budget_path):
-            self.spent_reports = self._load_budget()
+            self.spent_reports, self.memo_slots, self.last_values = self._load_budget()
 
     def _load_or_create(self, name: str, proto: FrequencyProtocol) -> MemoState | None:
         if proto.memo_size == 0:
@@ -190,32 +290,70 @@ class Device:
         st.save(path)
         return st
 
-    def _load_budget(self) -> dict[str, int]:
+    def _load_budget(self) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
         path = self._budget_path
         if not path.exists():
-            return {}
+            return {}, {}, {}
         try:
             data = json.loads(path.read_text())
-            return {str(k): int(v) for k, v in data["spent_reports"].items()}
+            return tuple({str(k): int(v) for k, v in data.get(key, {}).items()}  # type: ignore[return-value]
+                         for key in ("spent_reports", "memo_slots", "last_values"))
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             raise DeviceStateError(f"cannot read {path}: {exc}") from exc
 
-    def _save_budget(self, spent: dict[str, int]) -> None:
-        data = {"campaign": self.campaign.id, "spent_reports": spent}
+    def _save_budget(self, spent: dict[str, int] | None = None, slots: dict[str, int] | None = None,
+                     last: dict[str, int] | None = None) -> None:
+        """Write the ledger (the parts not given are kept) and make it this object's view."""
+        spent = self.spent_reports if spent is None else spent
+        slots = self.memo_slots if slots is None else slots
+        last = self.last_values if last is None else last
+        if (spent, slots, last) == (self.spent_reports, self.memo_slots, self.last_values) \
+                and self._budget_path.exists():
+            return
+        data = {"campaign": self.campaign.id, "spent_reports": spent, "memo_slots": slots, "last_values": last}
         atomic_write(self._budget_path, json.dumps(data).encode())
+        self.spent_reports, self.memo_slots, self.last_values = dict(spent), dict(slots), dict(last)
+        self._changed(self._budget_path)
 
     # ------------------------------------------------------------------ accounting
     def _attr_loss(self, name: str, memoized: int | None = None, spent: int | None = None) -> float:
+        """Actual longitudinal loss of one attribute (value-dependent: never decide on it visibly)."""
         proto = self.campaign.attribute(name).protocol
         st = self.states[name]
         if st is None:
             reports = self.spent_reports.get(name, 0) if spent is None else spent
             return reports * float(proto.eps_first)
-        m = int(st.memoized_count()[0]) if memoized is None else memoized
+        m = _count(st) if memoized is None else memoized
         return float(proto.longitudinal_loss(m))
 
+    def _slots(self, name: str) -> int:
+        """Memo slots of a memoizing attribute (at least its memoized count: older state dirs)."""
+        st = self.states[name]
+        return 0 if st is None else max(self.memo_slots.get(name, 0), _count(st))
+
+    def _attr_reserved(self, name: str) -> float:
+        """Reserved loss of one attribute: depends on the schedule only."""
+        proto = self.campaign.attribute(name).protocol
+        if self.states[name] is None:
+            return self.spent_reports.get(name, 0) * float(proto.eps_first)
+        return float(proto.longitudinal_loss(self._slots(name)))
+
+    def _reserved(self, attribute: str | None = None) -> float:
+        names = [attribute] if attribute is not None else list(self.campaign.attributes)
+        return float(sum(self._attr_reserved(n) for n in names))
+
+    def _fits(self, spent: float, cost: float) -> bool:
+        return self.budget_eps is None or spent + cost <= self.budget_eps + _TOL
+
+    def _slot_cost(self, name: str, slots: int) -> float | None:
+        """Reserved loss one more memo slot adds (``None``: the attribute has all its slots)."""
+        proto = self.campaign.attribute(name).protocol
+        if slots >= proto.memo_size:
+            return None
+        return float(proto.longitudinal_loss(slots + 1)) - float(proto.longitudinal_loss(slots))
+
     def privacy_loss(self, attribute: str | None = None) -> float:
-        """Longitudinal ε spent so far (one attribute, or the sum over all)."""
+        """Longitudinal ε actually spent so far (one attribute, or the sum over all)."""
         with self._locked():
             self._refresh()
         return self._loss(attribute)
@@ -224,57 +362,116 @@ class Device:
         names = [attribute] if attribute is not None else list(self.campaign.attributes)
         return float(sum(self._attr_loss(n) for n in names))
 
+    def reserved_loss(self, attribute: str | None = None) -> float:
+        """Longitudinal ε reserved so far (>= :meth:`privacy_loss`, <= ``budget_eps``)."""
+        with self._locked():
+            self._refresh()
+        return self._reserved(attribute)
+
     def remaining_budget(self) -> float:
-        """``budget_eps - privacy_loss()`` (``inf`` without a budget)."""
-        return float("inf") if self.budget_eps is None else self.budget_eps - self.privacy_loss()
+        """``budget_eps - reserved_loss()``: what new reservations may still use (``inf`` without a budget)."""
+        return float("inf") if self.budget_eps is None else self.budget_eps - self.reserved_loss()
 
     def memoized_count(self, attribute: str) -> int:
         """Distinct memoized inputs of ``attribute`` (0 for memoryless protocols)."""
         with self._locked():
             self._refresh()
         st = self.states[attribute]
-        return 0 if st is None else int(st.memoized_count()[0])
+        return 0 if st is None else _count(st)
+
+    def last_value(self, attribute: str) -> int | None:
+        """The value the last report of a memoizing attribute randomized (what it freezes on)."""
+        with self._locked():
+            self._refresh()
+        return self.last_values.get(attribute)
+
+    def frozen(self, attribute: str) -> bool:
+        """True if the next report of a value ``attribute`` has not memoized would be frozen.
+
+        Always False for memoryless attributes (they are refused, not frozen) and for an attribute
+        that has memoized all its ``memo_size`` inputs (every value is then already memoized).
+        This is local knowledge: the server sees the same reports either way.
+        """
+        with self._locked():
+            self._refresh()
+        st = self.states[attribute]
+        if st is None:
+            return False
+        count, slots = _count(st), self._slots(attribute)
+        proto = self.campaign.attribute(attribute).protocol
+        if count >= proto.memo_size:
+            return False
+        grow = self._slot_cost(attribute, slots)
+        if count >= slots and (grow is None or not self._fits(self._reserved(), grow)):
+            return True
+        new_cost = float(proto.longitudinal_loss(count + 1)) - float(proto.longitudinal_loss(count))
+        return not self._fits(self._loss(), new_cost)
 
     # ------------------------------------------------------------------ reporting
     def current_step(self) -> int:
         return int(time.time() // self.campaign.time_step_seconds)
 
     def randomize(self, attribute: str, value: int) -> np.ndarray:
-        """Randomize one value (reports array of one row), enforcing and recording the budget."""
+        """Randomize one value (reports array of one row), enforcing and recording the budget.
+
+        A memoizing attribute past its budget randomizes its last reported value instead of
+        ``value`` (module docstring); :class:`BudgetExceeded` only on data-independent grounds.
+        """
         proto = self.campaign.attribute(attribute).protocol
         v = int(value)
         if not 0 <= v < proto.k:
             raise LDPError(f"value {value} of {attribute!r} is outside the domain [0, {proto.k})")
-        values = np.array([v], dtype=np.int64)
         with self._locked():
             self._refresh()
             st = self.states[attribute]
-            before = self._attr_loss(attribute)
-            total_before = self._loss()
+            reserved = self._reserved()
             if st is None:
+                cost = float(proto.eps_first)
+                if not self._fits(reserved, cost):
+                    raise BudgetExceeded(attribute, reserved, cost, self.budget_eps or 0.0)
+                reports = proto.randomize(np.array([v], dtype=np.int64), None, state=None)
                 n_spent = self.spent_reports.get(attribute, 0) + 1
-                after = self._attr_loss(attribute, spent=n_spent)
-                self._check_budget(attribute, total_before, after - before)
-                reports = proto.randomize(values, self._rng, state=None)
-                spent = dict(self.spent_reports, **{attribute: n_spent})
-                self._save_budget(spent)  # spend first: a crash may over-count, never under-count
-                self.spent_reports = spent
-                self._changed(self._budget_path)
+                # spend first: a crash may over-count, never under-count
+                self._save_budget(spent=dict(self.spent_reports, **{attribute: n_spent}))
                 return reports
-            trial = MemoState(st.fingerprint, st.keys.copy(), st.seen.copy(), st.memo_size)
-            reports = proto.randomize(values, self._rng, state=trial)
-            m_after = int(trial.memoized_count()[0])
-            if m_after != int(st.memoized_count()[0]):
-                after = self._attr_loss(attribute, memoized=m_after)
-                self._check_budget(attribute, total_before, after - before)
-                trial.save(self._memo_path(attribute))
-                self.states[attribute] = trial
-                self._changed(self._memo_path(attribute))
-            return reports
+            return self._randomize_memoized(attribute, proto, st, v, reserved)
 
-    def _check_budget(self, attribute: str, spent: float, cost: float) -> None:
-        if self.budget_eps is not None and spent + cost > self.budget_eps + _TOL:
-            raise BudgetExceeded(attribute, spent, cost, self.budget_eps)
+    def _randomize_memoized(self, attribute: str, proto: FrequencyProtocol, st: MemoState, v: int,
+                            reserved: float) -> np.ndarray:
+        count, slots = _count(st), self._slots(attribute)
+        # 1. reserve one more memo slot: decided on the schedule alone
+        grow = self._slot_cost(attribute, slots)
+        can_grow = grow is not None and self._fits(reserved, grow)
+        if slots == 0 and not can_grow:
+            raise BudgetExceeded(attribute, reserved, grow if grow is not None else float("inf"),
+                                 self.budget_eps or 0.0)
+        new_slots = dict(self.memo_slots, **{attribute: slots + 1 if can_grow else slots})
+        # 2. the value itself, if it is memoized or may be memoized now
+        trial = _copy_state(st)
+        reports = proto.randomize(np.array([v], dtype=np.int64), None, state=trial)
+        if _count(trial) == count:  # already memoized: its PRR is reused, nothing spent
+            self._save_budget(slots=new_slots, last=dict(self.last_values, **{attribute: v}))
+            return reports
+        new_cost = float(proto.longitudinal_loss(count + 1)) - float(proto.longitudinal_loss(count))
+        if count < new_slots[attribute] and self._fits(self._loss(), new_cost):
+            self._save_budget(slots=new_slots)  # reserve first: a crash may over-count only
+            trial.save(self._memo_path(attribute))
+            self.states[attribute] = trial
+            self._changed(self._memo_path(attribute))
+            self._save_budget(last=dict(self.last_values, **{attribute: v}))
+            return reports
+        # 3. frozen: randomize the last reported value (memoized) instead of the new one
+        last = self.last_values.get(attribute)
+        if last is None:
+            raise BudgetExceeded(attribute, reserved, new_cost, self.budget_eps or 0.0,
+                                 detail="no recorded last value to freeze on: state from an older SDK")
+        trial = _copy_state(st)
+        reports = proto.randomize(np.array([last], dtype=np.int64), None, state=trial)
+        if _count(trial) != count:
+            raise DeviceStateError(f"the last value of {attribute!r} in {self._budget_path} is not memoized "
+                                   f"in {self._memo_path(attribute)}: the state directory is inconsistent")
+        self._save_budget(slots=new_slots)
+        return reports
 
     def report(self, attribute: str, value: int, t: int | None = None) -> dict[str, Any]:
         """The JSON object of one randomized report, as accepted by ``POST /reports``."""

@@ -120,12 +120,11 @@ class Pipeline:
 
     def warm_up(self) -> None:
         """Compile the numba support kernels before the first batch arrives."""
-        rng = np.random.default_rng(0)
         for c in self.campaigns.values():
             for a in c.attributes.values():
                 p = a.protocol
                 values = np.zeros(4, dtype=np.int64)
-                reports = p.randomize(values, rng, state=p.new_state(4))
+                reports = p.randomize(values, None, state=p.new_state(4))
                 p.support(p.decode(p.encode(reports)))
                 p.estimate(p.support(reports), 4)
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import estimators
-from estimators import kernels, reference
+from estimators import kernels, randomness, reference
 from estimators.base import PureProtocol
 from estimators.bitflip import DBitFlipPM
 from estimators.errors import InvalidReports, InvalidState, LDPError
@@ -40,9 +40,9 @@ def pairs(reports: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def test_kernel_matches_reference(d: int, b: int) -> None:
     proto = make(b=b, d=d)
     g = np.random.default_rng(11)
-    n = 3000
+    n = 5000  # two kernel chunks
     v = g.integers(0, K, n)
-    keys = g.integers(0, 2**64, n, dtype=np.uint64, endpoint=False)
+    keys = randomness.keys_from(np.random.default_rng(11), n)
     s1 = np.zeros((n, (b + 7) // 8), np.uint8)
     s2 = s1.copy()
     a = kernels.bitflip_randomize(v, keys, s1, np.empty((n, d), proto.report_dtype), K, b,
@@ -64,6 +64,42 @@ def test_kernel_matches_reference(d: int, b: int) -> None:
     np.testing.assert_array_equal(ck[0], cr[0])
     assert (ck[1], ck[2]) == (cr[1], cr[2])
     assert ck[1] == 5 and ck[2] >= (3 if d > 1 else 0)
+
+
+@pytest.mark.parametrize("d,b", [(70, 1300), (100, 1300)])
+def test_kernel_matches_reference_beyond_the_simd_prefixes(d: int, b: int) -> None:
+    """Floyd (d = 70) and selection sampling (d = 100) draw past the kernel's stream prefixes
+    (64 words for J and the bits, 16 for selection sampling's J): the twin reads whole streams."""
+    k, n = 2000, 500
+    proto = make(k=k, b=b, d=d)
+    assert proto._floyd == (d == 70)
+    v = np.random.default_rng(12).integers(0, k, n)
+    keys = randomness.keys_from(np.random.default_rng(13), n)
+    seen = [np.zeros((n, (b + 7) // 8), np.uint8) for _ in range(2)]
+    a = kernels.bitflip_randomize(v, keys, seen[0], np.empty((n, d), proto.report_dtype), k, b,
+                                  proto.p, proto.q, proto._floyd)
+    r = reference.bitflip_randomize(v, keys, seen[1], np.empty((n, d), proto.report_dtype), k, b,
+                                    proto.p, proto.q, proto._floyd)
+    np.testing.assert_array_equal(a, r)
+    np.testing.assert_array_equal(seen[0], seen[1])
+
+
+@pytest.mark.parametrize("d", [3, 40])
+def test_report_depends_on_the_device_key_only(d: int) -> None:
+    """Memoized draws are keyed by the device alone: the same device gives the same report at
+    any row of any batch (chunk boundaries and batch sizes do not matter)."""
+    proto = make(d=d)
+    n = 5000  # more than one kernel chunk
+    g = np.random.default_rng(14)
+    v = g.integers(0, K, n)
+    keys = randomness.keys_from(g, n)
+    full = kernels.bitflip_randomize(v, keys, np.zeros((n, 12), np.uint8), np.empty((n, d), proto.report_dtype),
+                                     K, B, proto.p, proto.q, proto._floyd)
+    rows = g.permutation(n)[:777]
+    part = kernels.bitflip_randomize(v[rows], keys[rows], np.zeros((rows.size, 12), np.uint8),
+                                     np.empty((rows.size, d), proto.report_dtype), K, B, proto.p, proto.q,
+                                     proto._floyd)
+    np.testing.assert_array_equal(part, full[rows])
 
 
 def test_both_samplers_are_exercised() -> None:

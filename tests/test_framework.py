@@ -6,9 +6,9 @@ import pytest
 
 import estimators
 from estimators import kernels, reference
-from estimators._rand import threshold32
+from estimators.randomness import keys_from, threshold32
 from estimators.errors import InfeasibleParameters, InvalidReports, InvalidState, LDPError
-from estimators.longitudinal import Rounds, ue_chain_eps_first
+from estimators.longitudinal import NO_NOISE_KEY, Rounds, ue_chain_eps_first
 from estimators.memo import MemoState
 from estimators import postprocess as pp
 
@@ -23,10 +23,10 @@ LONGITUDINAL = [("L-GRR", dict(k=20, eps_inf=2.0, eps_1=1.0)), ("L-SUE", dict(k=
 def test_grr_kernel_matches_reference(memo: bool, p2: float) -> None:
     g = np.random.default_rng(1)
     v = g.integers(0, 13, 3000)
-    keys = g.integers(0, 2**63, 3000).astype(np.uint64)
+    keys, nkey = keys_from(g, 3000), keys_from(g, 1)[0]
     s1, s2 = np.zeros((3000, 2), np.uint8), np.zeros((3000, 2), np.uint8)
-    a = kernels.grr_chain_randomize(v, keys, memo, s1, np.uint64(99), 0.4, p2, 13)
-    b = reference.grr_chain_randomize(v, keys, memo, s2, np.uint64(99), 0.4, p2, 13)
+    a = kernels.grr_chain_randomize(v, keys, memo, s1, nkey, 0.4, p2, 13)
+    b = reference.grr_chain_randomize(v, keys, memo, s2, nkey, 0.4, p2, 13)
     np.testing.assert_array_equal(a, b)
     np.testing.assert_array_equal(s1, s2)
     np.testing.assert_array_equal(kernels.bincount(a, 13), reference.bincount(a, 13))
@@ -37,10 +37,13 @@ def test_grr_kernel_matches_reference(memo: bool, p2: float) -> None:
 def test_ue_kernel_matches_reference(memo: bool, k: int) -> None:
     g = np.random.default_rng(2)
     v = g.integers(0, k, 2000)
-    keys = g.integers(0, 2**63, 2000).astype(np.uint64)
+    keys = keys_from(g, 2000)
     s1, s2 = np.zeros((2000, (k + 7) // 8), np.uint8), np.zeros((2000, (k + 7) // 8), np.uint8)
+    # p near a byte boundary makes top-byte ties (and so refinements past the prefix) frequent
     th = [threshold32(p) for p in ((0.5, 0.2, 0.8, 0.2) if memo else (0.5, 0.2, 1.0, 0.0))]
-    args = (np.uint64(7), *th, k)
+    if k == 21:
+        th[1] = np.uint64((51 << 24) + 7)  # q1's top byte 51: every lane ties w.p. 1/256, rest decides
+    args = (keys_from(g, 1)[0], *th, k)
     a = kernels.ue_chain_randomize(v, keys, memo, s1, *args)
     b = reference.ue_chain_randomize(v, keys, memo, s2, *args)
     np.testing.assert_array_equal(a, b)
@@ -54,7 +57,7 @@ def test_losue_p2_matches_seed_eq15() -> None:
     proto = estimators.make("L-OSUE", k=10, eps_inf=ei, eps_1=e1)
     a, b = np.exp(ei), np.exp(e1)
     eq15 = (1 - a * b) / (b - a - a * b + 1)
-    # UE probabilities live on the 2^-32 grid of the sampler (estimators._rand.quantize32)
+    # UE probabilities live on the 2^-32 grid of the sampler (estimators.randomness.quantize32)
     assert proto.p2 == pytest.approx(eq15, abs=2**-32)
     assert proto.q2 == pytest.approx(1 - eq15, abs=2**-32)
     assert proto.eps_first == pytest.approx(e1, abs=1e-8) and proto.eps_inf == pytest.approx(ei, abs=1e-8)
@@ -134,9 +137,9 @@ def _prr(proto, values, state):
     chosen = getattr(proto, "chosen", proto)
     seen = state.seen.copy()
     if chosen.name == "L-GRR":
-        return kernels.grr_chain_randomize(values, state.keys, True, seen, np.uint64(0), chosen.p1, 1.0, chosen.k)
+        return kernels.grr_chain_randomize(values, state.keys, True, seen, NO_NOISE_KEY, chosen.p1, 1.0, chosen.k)
     th = [threshold32(p) for p in (chosen.p1, chosen.q1, 1.0, 0.0)]
-    return kernels.ue_chain_randomize(values, state.keys, True, seen, np.uint64(0), *th, chosen.k)
+    return kernels.ue_chain_randomize(values, state.keys, True, seen, NO_NOISE_KEY, *th, chosen.k)
 
 
 def test_memo_accounting_counts_distinct_values(rng) -> None:
@@ -266,7 +269,7 @@ def test_ibu_recovers_a_noiseless_channel() -> None:
 # ---------------------------------------------------------------- the 8-bits-per-word sampler
 def test_swar_lane_comparisons_match_bytewise() -> None:
     import numba as nb
-    from estimators._rand import lanes_eq, lanes_lt
+    from estimators.randomness import lanes_eq, lanes_lt
 
     @nb.njit
     def both(x, y):
@@ -292,8 +295,9 @@ def test_bit_probability_is_exactly_the_threshold(p: float) -> None:
     would miss by 14 standard deviations."""
     n, k = 100_000, 100
     t = threshold32(p)
-    bits = kernels.ue_chain_randomize(np.zeros(n, dtype=np.int64), np.zeros(0, np.uint64), False,
-                                      np.zeros((0, 0), np.uint8), np.uint64(3), t, t, threshold32(1.0), np.uint64(0), k)
+    bits = kernels.ue_chain_randomize(np.zeros(n, dtype=np.int64), np.zeros((0, 8), np.uint32), False,
+                                      np.zeros((0, 0), np.uint8), keys_from(np.random.default_rng(3), 1)[0], t, t,
+                                      threshold32(1.0), np.uint64(0), k)
     rate = np.unpackbits(bits, axis=1, bitorder="little")[:, :k].mean()
     sd = np.sqrt(p * (1 - p) / (n * k))
     assert abs(rate - p) <= 4 * sd + 1e-12

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import estimators
-from estimators import kernels, reference
+from estimators import kernels, randomness, reference
 from estimators.audit import audit
 from estimators.errors import InvalidReports, LDPError
 from estimators.hadamard import FHR, HR, MAX_K, hadamard_entry, hadamard_order
@@ -54,9 +54,10 @@ def test_hadamard_entries_and_fwht_match_sylvester() -> None:
 def test_hr_kernels_match_reference(k: int) -> None:
     g = np.random.default_rng(k)
     K = hadamard_order(k)
-    v = g.integers(0, k, 3000)
-    a = kernels.hr_randomize(v, np.uint64(11), 0.7, K)
-    b = reference.hr_randomize(v, np.uint64(11), 0.7, K)
+    v = g.integers(0, k, 9000)  # three kernel chunks, the last one partial
+    nkey = randomness.noise_key(np.random.default_rng(11))
+    a = kernels.hr_randomize(v, nkey, 0.7, K)
+    b = reference.hr_randomize(v, nkey, 0.7, K)
     np.testing.assert_array_equal(a, b)
     # the fast FWHT support equals the naive O(n k) count, on reports of any layout
     for r in (a, g.integers(0, 2 * K, 40_000)):
@@ -67,9 +68,10 @@ def test_hr_kernels_match_reference(k: int) -> None:
 def test_fhr_kernels_match_reference(k: int) -> None:
     g = np.random.default_rng(k + 1)
     K = hadamard_order(k)
-    v = g.integers(0, k, 3000)
-    a = kernels.fhr_randomize(v, np.uint64(12), 0.7, K)
-    b = reference.fhr_randomize(v, np.uint64(12), 0.7, K)
+    v = g.integers(0, k, 9000)  # three kernel chunks, the last one partial
+    nkey = randomness.noise_key(np.random.default_rng(12))
+    a = kernels.fhr_randomize(v, nkey, 0.7, K)
+    b = reference.fhr_randomize(v, nkey, 0.7, K)
     np.testing.assert_array_equal(a, b)
     P = g.integers(0, K, 40_000)
     M = (P + g.integers(1, K, 40_000)) % K

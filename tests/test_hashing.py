@@ -1,7 +1,6 @@
 """Local hashing: BLH, OLH and LOLOHA (estimators/hashing.py)."""
 from __future__ import annotations
 
-import struct
 import zlib
 
 import numpy as np
@@ -12,6 +11,7 @@ from estimators import hashing, kernels, reference
 from estimators.errors import InfeasibleParameters, InvalidReports, InvalidState, LDPError
 from estimators.hashing import loloha_optimal_g, ololoha_g
 from estimators.memo import MemoState
+from estimators.randomness import keys_from, noise_key
 
 
 def zipf_histogram(k: int, s: float = 1.1) -> np.ndarray:
@@ -19,67 +19,27 @@ def zipf_histogram(k: int, s: float = 1.1) -> np.ndarray:
     w = 1.0 / np.arange(1, k + 1) ** s
     return w / w.sum()
 
-_NO_KEYS = np.zeros(0, dtype=np.uint64)
+_NO_KEYS = np.zeros((0, 8), dtype=np.uint32)
 _NO_SEEN = np.zeros((0, 0), dtype=np.uint8)
 
 
-# ---------------------------------------------------------------- SipHash (hash-seed derivation)
-_M64 = (1 << 64) - 1
-
-
-def _siphash24_py(key: bytes, msg: bytes) -> int:
-    """Straight transcription of the SipHash-2-4 specification (any message length)."""
-    k0, k1 = struct.unpack("<QQ", key)
-    v = [k0 ^ 0x736F6D6570736575, k1 ^ 0x646F72616E646F6D, k0 ^ 0x6C7967656E657261, k1 ^ 0x7465646279746573]
-
-    def rotl(x, b):
-        return ((x << b) | (x >> (64 - b))) & _M64
-
-    def rnd():
-        v[0] = (v[0] + v[1]) & _M64; v[1] = rotl(v[1], 13) ^ v[0]; v[0] = rotl(v[0], 32)  # noqa: E702
-        v[2] = (v[2] + v[3]) & _M64; v[3] = rotl(v[3], 16) ^ v[2]  # noqa: E702
-        v[0] = (v[0] + v[3]) & _M64; v[3] = rotl(v[3], 21) ^ v[0]  # noqa: E702
-        v[2] = (v[2] + v[1]) & _M64; v[1] = rotl(v[1], 17) ^ v[2]; v[2] = rotl(v[2], 32)  # noqa: E702
-
-    full = len(msg) // 8
-    for j in range(full):
-        (m,) = struct.unpack_from("<Q", msg, 8 * j)
-        v[3] ^= m; rnd(); rnd(); v[0] ^= m  # noqa: E702
-    b = (len(msg) & 0xFF) << 56
-    for j, c in enumerate(msg[8 * full:]):
-        b |= c << (8 * j)
-    v[3] ^= b; rnd(); rnd(); v[0] ^= b  # noqa: E702
-    v[2] ^= 0xFF
-    for _ in range(4):
-        rnd()
-    return v[0] ^ v[1] ^ v[2] ^ v[3]
-
-
-def test_siphash_matches_the_specification_vectors():
-    key = bytes(range(16))
-    # SipHash paper, Appendix A: key 00..0f, message 00..0e
-    assert _siphash24_py(key, bytes(range(15))) == 0xA129CA6149BE45E5
-    k0, k1 = struct.unpack("<QQ", key)
-    (m,) = struct.unpack("<Q", bytes(range(8)))
-    expected = _siphash24_py(key, bytes(range(8)))
-    assert expected == 0x93F5F5799A932462  # reference vectors.h, 8-byte message
-    rng = np.random.default_rng(7)
-    K0 = np.concatenate([[k0], rng.integers(0, 2**64 - 1, 50, dtype=np.uint64, endpoint=True)]).astype(np.uint64)
-    K1 = np.concatenate([[k1], rng.integers(0, 2**64 - 1, 50, dtype=np.uint64, endpoint=True)]).astype(np.uint64)
-    M = np.concatenate([[m], rng.integers(0, 2**64 - 1, 50, dtype=np.uint64, endpoint=True)]).astype(np.uint64)
-    want = [_siphash24_py(struct.pack("<QQ", int(a), int(b)), struct.pack("<Q", int(c))) for a, b, c in zip(K0, K1, M)]
-    assert [int(x) for x in reference.siphash24(K0, K1, M)] == want
-
-    import numba as nb
-
-    @nb.njit
-    def sip_all(a, b, c):
-        out = np.empty(a.shape[0], dtype=np.uint64)
-        for i in range(a.shape[0]):
-            out[i] = kernels.siphash24(a[i], b[i], c[i])
-        return out
-
-    assert [int(x) for x in sip_all(K0, K1, M)] == want
+# ---------------------------------------------------------------- hash seeds
+def test_loloha_hash_seed_is_a_prf_of_the_full_key():
+    """The device's fixed hash seed is word 0 of the ChaCha20 stream (key, LH_SEED, 0): every bit
+    of the 256-bit key matters (flipping any one changes the seed), and it differs from the
+    device's PRR stream words (domain separation)."""
+    from estimators.randomness import LH_SEED, PRR, keys_from, np_stream_words
+    key = keys_from(np.random.default_rng(4), 1)
+    seed0 = int(kernels.lh_encode(np.zeros(1, np.int64), key, True, key[0], 7)[0][0])
+    assert seed0 == int(np_stream_words(key, LH_SEED, [0], 1)[0, 0]) & 0xFFFFFFFF
+    assert seed0 != int(np_stream_words(key, PRR, [0], 1)[0, 0]) & 0xFFFFFFFF
+    flipped = key.copy()
+    changed = 0
+    for bit in range(256):
+        flipped[:] = key
+        flipped[0, bit // 32] ^= np.uint32(1 << (bit % 32))
+        changed += int(kernels.lh_encode(np.zeros(1, np.int64), flipped, True, key[0], 7)[0][0]) != seed0
+    assert changed == 256
 
 
 # ---------------------------------------------------------------- the hash family
@@ -107,10 +67,9 @@ def test_kernels_equal_reference(memo, g):
     rng = np.random.default_rng(11)
     n, k = 500, 37
     v = rng.integers(0, k, n)
-    keys = rng.integers(0, 2**64 - 1, n, dtype=np.uint64, endpoint=True)
-    seed = np.uint64(0xDEADBEEF12345678)
-    hs_k, x_k = kernels.lh_encode(v, keys, memo, seed, g)
-    hs_r, x_r = reference.lh_encode(v, keys, memo, seed, g)
+    keys, nkey = keys_from(rng, n), keys_from(rng, 1)[0]
+    hs_k, x_k = kernels.lh_encode(v, keys, memo, nkey, g)
+    hs_r, x_r = reference.lh_encode(v, keys, memo, nkey, g)
     assert hs_k.dtype == hs_r.dtype == np.uint32
     np.testing.assert_array_equal(hs_k, hs_r)
     np.testing.assert_array_equal(x_k, x_r)
@@ -138,7 +97,7 @@ def test_randomize_equals_reference_pipeline(name, kw):
     state = proto.new_state(n, np.random.default_rng(6))
     ref_state = None if state is None else MemoState(state.fingerprint, state.keys.copy(), state.seen.copy(), state.memo_size)
     reports = proto.randomize(v, np.random.default_rng(99), state=state)
-    seed = estimators._rand.draw_seed(np.random.default_rng(99))
+    seed = noise_key(np.random.default_rng(99))  # the same batch key randomize drew
     g = proto.g
     if ref_state is None:
         hs, x = reference.lh_encode(v, _NO_KEYS, False, seed, g)

@@ -14,7 +14,6 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 import numpy as np
 import pytest
 
-from estimators import kernels
 from estimators.campaign import Campaign
 from estimators.envelope import REPORTS, WATERMARK, decode_reports, parse, validate
 from producers.fleet import Fleet, FleetConfig, FleetStateError, StepData, publish
@@ -76,7 +75,7 @@ def _prr(fleet: Fleet, values: np.ndarray) -> np.ndarray:
     """The memoized (permanent) L-GRR response of every device for ``values`` (IRR disabled)."""
     proto = fleet.proto("flag")
     st = fleet.states["flag"]
-    return kernels.grr_chain_randomize(values, st.keys, True, st.seen.copy(), np.uint64(1), proto.p1, 1.0, proto.k)
+    return proto.memoized_outputs(values, st).astype(np.int64)
 
 
 def test_fleet_resume_from_state_dir(tmp_path):
@@ -235,9 +234,7 @@ def _sdk_campaign(cid: str = "sdk-test") -> Campaign:
 def _device_prr(dev: Device, value: int) -> int:
     proto = dev.campaign.attribute("level").protocol
     st = dev.states["level"]
-    out = kernels.grr_chain_randomize(np.array([value]), st.keys, True, st.seen.copy(), np.uint64(1),
-                                      proto.p1, 1.0, proto.k)
-    return int(out[0])
+    return int(proto.memoized_outputs(np.array([value]), st)[0])
 
 
 def _mode(dev: Device, value: int, n: int = 300) -> int:
@@ -249,7 +246,7 @@ def _mode(dev: Device, value: int, n: int = 300) -> int:
 def test_device_budget_refusal_and_restart(tmp_path):
     camp = _sdk_campaign()
     path = tmp_path / "dev"
-    dev = Device(camp, path, budget_eps=2.6, rng=np.random.default_rng(1))
+    dev = Device(camp, path, budget_eps=2.6)
     level = camp.attribute("level").protocol
     dev.report("level", 0, t=3)
     assert dev.memoized_count("level") == 1 and dev.privacy_loss() == pytest.approx(level.eps_inf)
@@ -259,10 +256,12 @@ def test_device_budget_refusal_and_restart(tmp_path):
     assert dev.memoized_count("level") == 2 and dev.privacy_loss() == pytest.approx(2 * level.eps_inf)
     memo_file = path / "level.memo.npz"
     before = memo_file.read_bytes()
-    with pytest.raises(BudgetExceeded, match="budget") as info:
-        dev.report("level", 2, t=3)
-    assert info.value.budget == 2.6
+    # past the budget a new value is not refused (that would leak it): the attribute freezes on
+    # its last reported value, 1, whose memoized response is reused
+    assert dev.frozen("level")
+    dev.report("level", 2, t=3)
     assert memo_file.read_bytes() == before and dev.memoized_count("level") == 2
+    assert dev.last_value("level") == 1
     dev.report("level", 1, t=4)  # still allowed
     # a memoryless attribute spends eps_first per report
     click = camp.attribute("click").protocol
@@ -271,7 +270,7 @@ def test_device_budget_refusal_and_restart(tmp_path):
     with pytest.raises(BudgetExceeded):
         dev.report("click", 3, t=3)
     assert json.loads((path / "budget.json").read_text())["spent_reports"] == {"click": 1}
-    # a new memoizing attribute would also exceed the budget
+    # a new memoizing attribute would also exceed the budget (its first memo slot cannot be reserved)
     with pytest.raises(BudgetExceeded):
         dev.report("ver", 5, t=3)
     assert dev.memoized_count("ver") == 0
@@ -280,12 +279,12 @@ def test_device_budget_refusal_and_restart(tmp_path):
     dev.close()
 
     # restart: same memo (same keys, same memoized outputs), same spent budget
-    dev2 = Device(camp, path, budget_eps=2.6, rng=np.random.default_rng(2))
+    dev2 = Device(camp, path, budget_eps=2.6)
     assert dev2.privacy_loss() == pytest.approx(loss) and dev2.memoized_count("level") == 2
     assert _device_prr(dev2, 0) == prr0 and _device_prr(dev2, 1) == prr1
     assert _mode(dev2, 0) == mode0 == prr0
-    with pytest.raises(BudgetExceeded):
-        dev2.report("level", 3, t=5)
+    dev2.report("level", 3, t=5)  # frozen on 0, the value it last reported
+    assert dev2.memoized_count("level") == 2 and dev2.last_value("level") == 0
     with pytest.raises(BudgetExceeded):
         dev2.report("click", 0, t=5)
     # a larger budget on the same device allows more, from the same spent total

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from scipy.stats import chi2
 
 import estimators
-from estimators import kernels, reference
-from estimators._rand import draw_seed
+from estimators import kernels, randomness, reference
 from estimators.errors import InfeasibleParameters, InvalidReports, LDPError
-from estimators.histogram import SHE_SCALE, the_optimal_theta, the_probabilities
+from estimators.histogram import SHE_T_BITS, she_noise_parameter, the_optimal_theta, the_probabilities
 from estimators.subset import ss_optimal_omega, ss_probabilities
 
 
@@ -58,8 +58,9 @@ def test_mse_matches_exact_variance(name: str, kw: dict) -> None:
 def test_ss_kernel_matches_reference(k: int, omega: int, ps: float) -> None:
     g = np.random.default_rng(k * 100 + omega)
     v = g.integers(0, k, 4000)
-    a = kernels.ss_randomize(v, np.uint64(77), ps, omega, k)
-    b = reference.ss_randomize(v, np.uint64(77), ps, omega, k)
+    nkey = randomness.noise_key(np.random.default_rng(77))
+    a = kernels.ss_randomize(v, nkey, ps, omega, k)
+    b = reference.ss_randomize(v, nkey, ps, omega, k)
     np.testing.assert_array_equal(a, b)
     assert (np.bitwise_count(a).sum(axis=1) == omega).all()
     i1 = kernels.packed_to_indices(a, np.empty((v.size, omega), np.uint8))
@@ -69,14 +70,18 @@ def test_ss_kernel_matches_reference(k: int, omega: int, ps: float) -> None:
     np.testing.assert_array_equal(kernels.packed_bit_counts(a, k), reference.packed_bit_counts(a, k))
 
 
-@pytest.mark.parametrize("eps", [1e-4, 0.3, 1.0, 4.0, 16.0])
-def test_she_kernel_matches_reference(eps: float) -> None:
+@pytest.mark.parametrize("eps", [1e-4, 0.3, 1.0, 4.0, 16.0, 64.0])
+@pytest.mark.parametrize("slot", ["default", 8])
+def test_she_kernel_matches_reference(eps: float, slot) -> None:
+    """Bit for bit, for the same batch key; ``slot = 8`` sends most draws to the extension streams."""
     proto = estimators.make("SHE", k=17, eps=eps)
     v = np.random.default_rng(3).integers(0, 17, 700)
-    args = (np.uint64(123456789), proto.beta, float(SHE_SCALE), float(proto.bound), 17)
-    a = kernels.she_randomize(v, *args)
-    b = reference.she_randomize(v, *args)
+    nkey = randomness.noise_key(np.random.default_rng(int(eps * 1e4)))
+    w = proto.slot if slot == "default" else slot
+    a = kernels.she_randomize(v, nkey, proto.s, SHE_T_BITS, proto.bound, w, np.empty((700, 17), proto.report_dtype))
+    b = reference.she_randomize(v, nkey, proto.s, SHE_T_BITS, proto.bound, w, np.empty((700, 17), proto.report_dtype))
     np.testing.assert_array_equal(a, b)
+    assert a.dtype == proto.report_dtype and np.abs(a.astype(np.int64)).max() <= proto.bound
     s1, bad1 = kernels.int_column_sums(a, proto.bound)
     s2, bad2 = reference.int_column_sums(a, proto.bound)
     np.testing.assert_array_equal(s1, s2)
@@ -95,15 +100,15 @@ def test_randomize_uses_kernel_seeded_by_rng(name: str, kw: dict) -> None:
     proto = estimators.make(name, k=30, **kw)
     v = np.random.default_rng(5).integers(0, 30, 500)
     out = proto.randomize(v, np.random.default_rng(42))
-    seed = draw_seed(np.random.default_rng(42))
+    seed = randomness.noise_key(np.random.default_rng(42))  # what randomize draws from the same rng
     if name == "SS":
         bits = reference.ss_randomize(v, seed, proto.ps, proto.omega, 30)
         if proto.layout == "indices":
             bits = reference.packed_to_indices(bits, np.empty((500, proto.omega), proto.report_dtype))
         np.testing.assert_array_equal(out, bits)
     else:
-        np.testing.assert_array_equal(out, reference.she_randomize(v, seed, proto.beta, float(SHE_SCALE),
-                                                                   float(proto.bound), 30))
+        np.testing.assert_array_equal(out, reference.she_randomize(v, seed, proto.s, SHE_T_BITS, proto.bound,
+                                                                   proto.slot, np.empty((500, 30), out.dtype)))
 
 
 # ---------------------------------------------------------------- mechanism details
@@ -177,15 +182,104 @@ def test_the_empirical_bit_rates() -> None:
     assert np.all(np.abs(np.delete(c, 4) - n * proto.qs) < 4.5 * np.sqrt(n * proto.qs * (1 - proto.qs)))
 
 
+def she_output_log_law(s: int, c: int, bound: int) -> np.ndarray:
+    """``ln P(y | c)`` for ``y = -bound .. bound``: ``y = clip(c + Z, -bound, bound)`` with
+    ``P(Z = z) ∝ exp(-γ|z|)``, ``γ = s / 2^48``, computed here from the pmf alone (the clipped
+    tails by direct summation of the pmf), independently of the protocol's formulas."""
+    gamma = s / 2.0 ** SHE_T_BITS
+    alpha = np.exp(-gamma)
+    norm = (1 - alpha) / (1 + alpha)
+    pmf = lambda z: norm * alpha ** np.abs(z)  # noqa: E731
+    y = np.arange(-bound, bound + 1)
+    p = pmf(y - c)
+    far = int(np.ceil(80 / gamma)) + 2  # alpha^far < e^-80: the rest of a tail is below float resolution
+    p[-1] = pmf(np.arange(bound - c, bound - c + far)).sum()
+    p[0] = pmf(np.arange(-bound - c - far + 1, -bound - c + 1)).sum()
+    assert abs(p.sum() - 1) < 1e-12
+    return np.log(p)
+
+
+@pytest.mark.parametrize("eps", [0.5, 1.0, 4.0, 8.0, 16.0, 0.3, 1.7])
+def test_she_exact_eps_equals_stated_eps(eps: float) -> None:
+    """Acceptance: SHE's exact ε equals the stated ε (relative error < 1e-9).
+
+    The exact ε of the report law: two inputs differ in two coordinates (one goes 0 -> 1, the
+    other 1 -> 0) and the coordinates are independent, so ε = max_y ln P(y|1)/P(y|0) +
+    max_y ln P(y|0)/P(y|1), each over the whole clipped output range."""
+    proto = estimators.make("SHE", k=10, eps=eps)
+    assert proto.s == she_noise_parameter(eps) == int(np.floor(eps / 2 * 2.0 ** SHE_T_BITS))
+    l0, l1 = she_output_log_law(proto.s, 0, proto.bound), she_output_log_law(proto.s, 1, proto.bound)
+    exact = float(np.max(l1 - l0) + np.max(l0 - l1))
+    print(f"SHE eps = {eps:g}: exact eps = {exact!r}, eps_first = {proto.eps_first!r}, "
+          f"relative error {abs(exact - eps) / eps:.2e}")
+    assert abs(exact - eps) / eps < 1e-9
+    assert abs(exact - proto.eps_first) / eps < 1e-9
+    assert proto.eps_first <= eps and abs(proto.eps_first - eps) / eps < 1e-9
+    # the whole accepted range keeps 2 gamma within 1e-9 of eps, from below
+    for e in (1e-4, 1.23456789e-4, 3e-3, 0.7, 33.3, 64.0):
+        p = estimators.make("SHE", k=4, eps=e)
+        assert p.eps_first <= e and (e - p.eps_first) / e < 1e-9
+
+
+def she_noise_sample(eps: float, n: int, k: int, seed: int) -> np.ndarray:
+    """``(n, k-1)`` clipped noise draws: reports of value 0, coordinates 1 .. k-1."""
+    proto = estimators.make("SHE", k=k, eps=eps)
+    with pytest.warns(randomness.SimulationWarning):
+        r = proto.randomize(np.zeros(n, np.int64), np.random.default_rng(seed))
+    return r[:, 1:].astype(np.int64).ravel()
+
+
+def chi_square_pvalue(z: np.ndarray, gamma: float, bound: int) -> float:
+    """Goodness of fit of clipped draws to the discrete Laplace law with parameter ``gamma``
+    (cells with expected count < 5 pooled into the two tails)."""
+    alpha = np.exp(-gamma)
+    vals = np.arange(-bound, bound + 1)
+    p = (1 - alpha) / (1 + alpha) * alpha ** np.abs(vals)
+    p[0] += alpha ** (bound + 1) / (1 + alpha)
+    p[-1] += alpha ** (bound + 1) / (1 + alpha)
+    obs = np.bincount(z + bound, minlength=2 * bound + 1).astype(np.float64)
+    keep = np.nonzero(p * z.size >= 5)[0]
+    lo, hi = keep[0], keep[-1]
+    e = np.concatenate([[p[: lo + 1].sum()], p[lo + 1: hi], [p[hi:].sum()]]) * z.size
+    o = np.concatenate([[obs[: lo + 1].sum()], obs[lo + 1: hi], [obs[hi:].sum()]])
+    stat = float(((o - e) ** 2 / e).sum())
+    return float(chi2.sf(stat, e.size - 1))
+
+
+@pytest.mark.parametrize("eps", [1.0, 4.0])
+def test_she_noise_follows_the_discrete_laplace_law(eps: float) -> None:
+    """~200k kernel draws match P(Z = z) ∝ e^{-γ|z|} (chi-square), and a 3% wrong γ fails."""
+    proto = estimators.make("SHE", k=50, eps=eps)
+    z = she_noise_sample(eps, 4000, 50, seed=int(100 * eps))
+    assert z.size == 196_000
+    assert chi_square_pvalue(z, proto.gamma, proto.bound) > 1e-3
+    # negative controls: the same draws reject a γ that is 3% too large or too small
+    assert chi_square_pvalue(z, 1.03 * proto.gamma, proto.bound) < 1e-6
+    assert chi_square_pvalue(z, 0.97 * proto.gamma, proto.bound) < 1e-6
+    # per-value counts within 4.5 standard deviations
+    alpha = proto.alpha
+    for v in range(-3, 4):
+        pv = (1 - alpha) / (1 + alpha) * alpha ** abs(v)
+        assert abs((z == v).sum() - z.size * pv) < 4.5 * np.sqrt(z.size * pv * (1 - pv))
+
+
 def test_she_moments_and_noise() -> None:
-    for eps in (0.5, 1.0, 4.0, 16.0):
+    for eps in (0.5, 1.0, 4.0, 16.0, 0.3):
         p = estimators.make("SHE", k=5, eps=eps)
-        assert p.eps_first == pytest.approx(eps, rel=1e-12)
-        assert p.mu0 == 0.0
-        assert p.mu1 == pytest.approx(SHE_SCALE, rel=1e-6)
-        # Laplace variance 2 beta^2 plus Sheppard's 1/12, minus a clipped tail of relative size ~e^-16
-        assert p.var0 == pytest.approx(2 * p.beta ** 2 + 1 / 12, rel=1e-5)
-        assert p.variance(1000) == pytest.approx(8 / (1000 * eps ** 2), rel=1e-5)
+        assert p.eps_first == pytest.approx(eps, rel=1e-9)
+        a = p.alpha
+        # exact moments of the clipped report law, by summation over the output range
+        y = np.arange(-p.bound, p.bound + 1)
+        for c, mu, var in ((0, p.mu0, p.var0), (1, p.mu1, p.var1)):
+            law = np.exp(she_output_log_law(p.s, c, p.bound))
+            m = float((law * y).sum())
+            assert mu == pytest.approx(m, rel=1e-12, abs=1e-14)
+            assert var == pytest.approx(float((law * (y - m) ** 2).sum()), rel=1e-10)
+        assert p.mu0 == 0.0 and p.mu1 == pytest.approx(1.0, rel=1e-15)
+        # unclipped: Var(Z) = 2 alpha / (1 - alpha)^2; the clip removes a relative e^-40
+        assert p.var0 == pytest.approx(2 * a / (1 - a) ** 2, rel=1e-12)
+        assert p.variance(1000) == pytest.approx(2 * a / (1 - a) ** 2 / 1000, rel=1e-12)
+    assert estimators.make("SHE", k=5, eps=1e-3).variance(1000) == pytest.approx(8 / (1000 * 1e-3 ** 2), rel=1e-6)
     p = estimators.make("SHE", k=4, eps=1.0)
     n = 200_000
     r = p.randomize(np.full(n, 1), np.random.default_rng(11)).astype(np.float64)
@@ -193,6 +287,10 @@ def test_she_moments_and_noise() -> None:
     assert abs(r[:, 1].mean() - p.mu1) < 4 * sd and abs(r[:, 0].mean()) < 4 * sd
     assert r[:, 0].var() == pytest.approx(p.var0, rel=0.03)
     assert np.abs(r).max() <= p.bound
+    # report types: the smallest signed integer holding the clip bound 1 + ceil(40 / gamma)
+    for eps, bound, dt in ((64.0, 3, np.int8), (1.0, 81, np.int8), (0.5, 161, np.int16), (1e-4, 800_002, np.int32)):
+        p = estimators.make("SHE", k=5, eps=eps)
+        assert (p.bound, p.report_dtype) == (bound, np.dtype(dt))
 
 
 def test_she_postprocessing() -> None:
@@ -300,7 +398,7 @@ def test_the_and_she_reject_out_of_domain() -> None:
     _reject(the, bad)
     she = estimators.make("SHE", k=8, eps=1.0)
     r = she.randomize(np.zeros(10, int), np.random.default_rng(18))
-    for val in (she.bound + 1, -she.bound - 1, np.iinfo(np.int32).min):
+    for val in (she.bound + 1, -she.bound - 1, np.iinfo(she.report_dtype).min):
         bad = r.copy()
         bad[5, 3] = val
         _reject(she, bad)
@@ -331,7 +429,7 @@ def test_parameter_validation() -> None:
             estimators.make("THE", k=10, eps=1.0, theta=theta)
     with pytest.raises(InfeasibleParameters):
         estimators.make("THE", k=10, eps=200.0)
-    for eps in (5e-5, 16.5, 40.0):
+    for eps in (5e-5, 9.9e-5, 64.5, 1000.0):
         with pytest.raises(InfeasibleParameters):
             estimators.make("SHE", k=10, eps=eps)
     she = estimators.make("SHE", k=10, eps=1.0)
