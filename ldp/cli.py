@@ -107,6 +107,7 @@ def simulate(n: Annotated[int, typer.Option(help="Devices in the simulated fleet
         protos = {name: build(name, k=k, eps=eps, eps_inf=eps_inf, eps_1=eps_1) for name in names}
     except LDPError as exc:
         _fail(exc)
+    console.print(SIMULATION_BANNER.format(seed=seed))
     rng = np.random.default_rng(seed)
     pop = EvolvingPopulation(n=n, k=k, kind=dataset, p_change=p_change, base="zipf", rng=np.random.default_rng(seed + 1))
     states = {name: p.new_state(n, rng=np.random.default_rng(seed + 2)) for name, p in protos.items()}
@@ -185,8 +186,14 @@ def audit(protocol: Annotated[Optional[str], typer.Argument(help="Protocol to au
           confidence: Annotated[float, typer.Option(help="Confidence of the Clopper-Pearson bound.")] = 0.95,
           seed: SEED = 0) -> None:
     """Empirical privacy audit: an ε lower bound (Clopper-Pearson) next to the stated ε, per round."""
-    from estimators import audit as A
+    import warnings
 
+    from estimators import audit as A
+    from estimators.randomness import SimulationWarning
+
+    warnings.simplefilter("ignore", SimulationWarning)
+    console.print(f"audit devices run in the seeded simulation mode (--seed {seed}) so that a run can be "
+                  "reproduced; the kernels are those of real devices")
     rounds = list(dict.fromkeys(round_ or A.ROUNDS))
     bad = [r for r in rounds if r not in A.ROUNDS]
     if bad:
