@@ -23,7 +23,10 @@ from .campaign import Campaign
 from .errors import InvalidReports, LDPError
 
 MAGIC = b"LDPB"
-VERSION = 1
+# 2: reports randomized from ChaCha20 streams under 256-bit keys, SHE as integer discrete-Laplace
+# reports. Batches of version 1 (SplitMix64 randomness, fixed-point SHE) are rejected as
+# "bad_version": their randomness is not private and SHE's payload means something else.
+VERSION = 2
 REPORTS, WATERMARK = 0, 1
 _HEAD = struct.Struct("<4sBBHIII8s")
 MAX_FIELD = 255

@@ -48,8 +48,8 @@ def make_workload(protocol: str, k: int, steps: int, reports_per_step: int, batc
         for lo in range(0, reports_per_step, batch):
             m = min(batch, reports_per_step - lo)
             values = rng.integers(0, k, m)
-            state = proto.new_state(m, rng=rng)
-            blob = envelope.pack_reports(campaign, "x", t, proto.randomize(values, rng, state=state))
+            state = proto.new_state(m)  # device keys and noise from the OS CSPRNG, as on real devices
+            blob = envelope.pack_reports(campaign, "x", t, proto.randomize(values, state=state))
             nbytes += len(blob)
             batches.append(blob)
         out.append(batches)
