@@ -1,7 +1,8 @@
 """Adaptive protocol choice by smaller approximate variance.
 
-ADP picks GRR or OUE (seed 002, multi-freq-ldpy's ADP; Wang et al. 2017); L-ADP picks L-GRR
-or L-OSUE (seed 000 Alg. 1, ALLOMFREE's per-attribute choice, with Var* from Eq. 11).
+ADP picks GRR or OUE (the ADP protocol of Multi-Freq-LDPy, Arcolezi et al., ESORICS 2022; Var*
+of Wang et al., USENIX Security 2017); L-ADP picks L-GRR or L-OSUE (Arcolezi et al., DCN 2022,
+Alg. 1, ALLOMFREE's per-attribute choice, with Var* from Eq. 11).
 The choice depends only on public parameters, so both sides agree on it.
 """
 from __future__ import annotations

@@ -30,10 +30,10 @@ Three rounds are audited (``round=``, :data:`ROUNDS`):
     pair: ``max(proto.longitudinal_loss(m1), proto.longitudinal_loss(m2))`` where ``mi`` is the
     largest number of distinct memoized inputs of a device after ``seqi``, read from the memo
     states (``state.memoized_count()``), so LOLOHA's memoization per hash value and dBitFlipPM's
-    per bucket are counted as the protocol counts them (Arcolezi, Pinzón, Palamidessi & Gambs,
-    EDBT 2023, Eq. 8: each memoized input leaks one ε∞; sequential composition over the memoized
-    inputs). Constant sequences ``(v1, ..., v1)`` vs ``(v2, ..., v2)`` memoize one input: the
-    accounted ε is ε∞ and for a GRR chain the vote recovers nearly all of it once ``τ`` is ~16;
+    per bucket are counted as the protocol counts them (Arcolezi, Palamidessi, Pinzón & Gambs,
+    EDBT 2023, Def. 3.2 and Eq. 8: each memoized input leaks one ε∞; sequential composition over
+    the memoized inputs, Prop. 2.3). Constant sequences ``(v1, ..., v1)`` vs ``(v2, ..., v2)``
+    memoize one input: the accounted ε is ε∞ and for a GRR chain the vote recovers nearly all of it once ``τ`` is ~16;
     sequences that switch to other values half way memoize two inputs (accounted ``2 ε∞``), see
     :func:`longitudinal_pairs`.
     The two sequences must repeat values at the same steps: memoization reveals whether an input
@@ -68,7 +68,6 @@ reports and memo state in memory.
 """
 from __future__ import annotations
 
-import inspect
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -78,6 +77,7 @@ from scipy.stats import beta as _beta
 
 from .base import FrequencyProtocol
 from .errors import LDPError
+from .registry import parameters
 
 ProgressCallback = Callable[[int, int], None]
 
@@ -258,10 +258,9 @@ def _check_input(proto: FrequencyProtocol, v: int, name: str) -> int:
 
 def _bytes_per_trial(proto: FrequencyProtocol) -> int:
     """Bytes of one report plus one device's memo state (key and ``seen`` bitset)."""
-    report = np.dtype(proto.report_dtype).itemsize * int(np.prod(proto.report_shape, dtype=np.int64))
     one = proto.new_state(1) if proto.memo_size else None  # measured: the key format is the state's business
     memo = one.keys.nbytes + one.seen.nbytes if one is not None else 0
-    return max(1, report + memo)
+    return max(1, proto.report_nbytes + memo)
 
 
 def has_memoized_outputs(proto: FrequencyProtocol) -> bool:
@@ -398,7 +397,7 @@ def audit_longitudinal(proto: FrequencyProtocol, seq1: Sequence[int], seq2: Sequ
     steps where the sequences differ (``e`` = ``proto.audit_event``); events ``{S >= c}``,
     ``c = 1 .. L``, with Bonferroni over all of them (:func:`eps_lower_bound_events`). The claim
     is ``max_i proto.longitudinal_loss(max memoized inputs of a device after seq_i)``, read from
-    the memo states after the run (Arcolezi, Pinzón, Palamidessi & Gambs, EDBT 2023, Eq. 8).
+    the memo states after the run (Arcolezi et al., EDBT 2023, Eq. 8).
     ``on_progress(done, total)`` counts reports, ``total = 2 * trials * len(seq1)``.
     """
     if proto.memo_size <= 0:
@@ -567,20 +566,21 @@ def _candidates(name: str, k: int) -> list[dict]:
 
 _KNOWN = frozenset({"GRR", "SUE", "OUE", "BLH", "OLH", "SS", "SHE", "THE", "HR", "FHR", "ADP",
                     "L-GRR", "L-SUE", "L-OUE", "L-OSUE", "L-SOUE", "L-ADP", "LOLOHA", "dBitFlipPM"})
-# GRR chains differ between the calibrations; for UE chains Eq. 14 is exact, so both coincide
+# GRR chains differ between the calibrations; for UE chains Arcolezi et al., DCN 2022, Eq. 14 is
+# exact, so both coincide
 _BOTH_CALIBRATIONS = frozenset({"L-GRR", "L-ADP", "LOLOHA"})
 _GENERIC = {"k": None, "eps": EPS, "eps_inf": EPS_INF, "eps_1": EPS_1}
 
 
-def _fill_generic(cls: type, k: int) -> tuple[dict | None, str]:
+def _fill_generic(name: str, k: int) -> tuple[dict | None, str]:
     """Parameters of an unknown protocol from its constructor signature, or the reason why not."""
     params: dict[str, Any] = {}
-    for p, spec in inspect.signature(cls.__init__).parameters.items():
-        if p == "self" or spec.kind in (spec.VAR_POSITIONAL, spec.VAR_KEYWORD):
+    for p, spec in parameters(name).items():
+        if spec.kind in (spec.VAR_POSITIONAL, spec.VAR_KEYWORD):
             continue
         if p in _GENERIC:
             params[p] = k if p == "k" else _GENERIC[p]
-        elif spec.default is inspect.Parameter.empty:
+        elif spec.default is spec.empty:
             return None, f"no default audit value for required parameter {p!r}"
     return params, ""
 
@@ -613,15 +613,13 @@ def plan_audit_cases(k: int = 8) -> AuditPlan:
     Unknown names get parameters from their constructor signature.
     """
     from . import PROTOCOLS
-    from .registry import _REGISTRY
 
     plan = AuditPlan()
     for name in PROTOCOLS:
-        cls = _REGISTRY[name]
-        takes = [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
+        takes = list(parameters(name))
         known = _candidates(name, k) if name in _KNOWN else None
         if known is None:
-            generic, why = _fill_generic(cls, k)
+            generic, why = _fill_generic(name, k)
             if generic is None:
                 plan.skipped.append(SkippedCase(name, {}, why))
                 continue
@@ -641,29 +639,6 @@ def plan_audit_cases(k: int = 8) -> AuditPlan:
 def default_audit_cases(k: int = 8) -> list[tuple[str, dict]]:
     """``(name, make-params)`` of every buildable default case (see :func:`plan_audit_cases`)."""
     return plan_audit_cases(k).cases
-
-
-def audit_defaults(k: int = 8, trials: int | None = None, seed: int = 0, confidence: float = 0.95,
-                   on_progress: ProgressCallback | None = None, round: str = "first",
-                   tau: int = DEFAULT_TAU) -> tuple[list[AuditResult], list[SkippedCase]]:
-    """Audit every default case in one round (:func:`plan_audit_cases`, :func:`plan_round`).
-
-    ``trials=None`` takes :data:`DEFAULT_TRIALS` of the round; ``on_progress(done, total)``
-    counts reports over all cases of the round.
-    """
-    from . import make
-
-    plan = plan_audit_cases(k)
-    jobs, skipped = plan_round([(name, make(name, **params)) for name, params in plan.cases], round, tau=tau)
-    total = sum(j.reports(trials) for j in jobs)
-    results, offset = [], 0
-    for job in jobs:
-        cb = None
-        if on_progress is not None:
-            cb = lambda d, _t, o=offset: on_progress(o + d, total)  # noqa: E731
-        results.append(job.run(trials=trials, seed=seed, confidence=confidence, on_progress=cb))
-        offset += job.reports(trials)
-    return results, plan.skipped + skipped
 
 
 def _runs(seq: tuple[int, ...]) -> str:

@@ -4,8 +4,9 @@
 function of ``(counts, n)`` for *pure* protocols (Wang et al., USENIX Security 2017): a report
 supports each value independently, with probability ``ps`` for the holder's value and ``qs``
 for any other, so ``E[counts] = n (qs + (ps - qs) f)``. Every protocol of the project except
-SHE is pure once its support is defined (two-round protocols with ``ps``/``qs`` from seed 000
-Eq. 9, LOLOHA with ``q1' = 1/g``, dBitFlipPM over buckets with ``n d / b`` sampled users).
+SHE is pure once its support is defined (two-round protocols with ``ps``/``qs`` from Arcolezi
+et al., DCN 2022, Eq. 9; LOLOHA with ``q1' = 1/g``; dBitFlipPM over buckets with ``n d / b``
+sampled users).
 """
 from __future__ import annotations
 
@@ -18,13 +19,19 @@ from typing import Any, ClassVar
 import numpy as np
 
 from . import postprocess as _pp
-from .errors import InvalidReports, LDPError
+from .errors import InvalidReports, LDPError, TruncatedPayload
 from .memo import MemoState
 
 _PAYLOAD = struct.Struct("<4sBI")  # magic, codec version, report count
 _MAGIC = b"LDPr"
 _CODEC_VERSION = 1
 MAX_REPORTS_PER_PAYLOAD = 50_000_000
+
+
+def uint_dtype(n_values: int) -> np.dtype:
+    """The smallest unsigned integer dtype holding every integer in ``[0, n_values)``
+    (uint8, uint16, else uint32): report values, hash values, pair codes, stored true values."""
+    return np.dtype(np.uint8 if n_values <= 1 << 8 else np.uint16 if n_values <= 1 << 16 else np.uint32)
 
 
 def check_eps(name: str, eps: float) -> float:
@@ -79,7 +86,8 @@ class FrequencyProtocol(ABC):
         return 0
 
     def longitudinal_loss(self, memoized: np.ndarray | int) -> np.ndarray | float:
-        """ε on a device's values after it memoized ``memoized`` distinct inputs (Def. 3.2).
+        """ε on a device's values after it memoized ``memoized`` distinct inputs (Arcolezi et al.,
+        EDBT 2023, Def. 3.2).
 
         Single-shot protocols have no memo: every report spends a fresh ε, so their loss is
         unbounded; they report ``inf`` once a device has reported at least twice.
@@ -189,6 +197,11 @@ class FrequencyProtocol(ABC):
         """Shape of one report (``()`` for a scalar report)."""
         return ()
 
+    @property
+    def report_nbytes(self) -> int:
+        """Bytes of one report in the wire payload (:meth:`encode` adds a fixed header per batch)."""
+        return np.dtype(self.report_dtype).itemsize * int(np.prod(self.report_shape, dtype=np.int64))
+
     def encode(self, reports: np.ndarray) -> bytes:
         """Wire payload of a batch: a small header and the report array's raw bytes."""
         r = np.ascontiguousarray(reports, dtype=self.report_dtype)
@@ -200,7 +213,7 @@ class FrequencyProtocol(ABC):
         """Inverse of :meth:`encode` (zero-copy view); raises :class:`InvalidReports`."""
         mv = memoryview(blob)
         if mv.nbytes < _PAYLOAD.size:
-            raise InvalidReports(f"payload of {mv.nbytes} bytes is shorter than its header")
+            raise TruncatedPayload(f"payload of {mv.nbytes} bytes is shorter than its header")
         magic, version, n = _PAYLOAD.unpack_from(mv)
         if magic != _MAGIC:
             raise InvalidReports("payload does not start with the report magic")
@@ -209,10 +222,10 @@ class FrequencyProtocol(ABC):
         if n > MAX_REPORTS_PER_PAYLOAD:
             raise InvalidReports(f"payload claims {n} reports, more than {MAX_REPORTS_PER_PAYLOAD}")
         dt = np.dtype(self.report_dtype)
-        per = dt.itemsize * int(np.prod(self.report_shape, dtype=np.int64))
+        per = self.report_nbytes
         body = mv.nbytes - _PAYLOAD.size
         if body != n * per:
-            raise InvalidReports(f"payload body has {body} bytes, expected {n} reports x {per} bytes")
+            raise TruncatedPayload(f"payload body has {body} bytes, expected {n} reports x {per} bytes")
         r = np.frombuffer(mv, dtype=dt, offset=_PAYLOAD.size, count=n * (per // dt.itemsize))
         r = r.reshape((n, *self.report_shape))
         self.validate_reports(r)
@@ -241,22 +254,36 @@ class PureProtocol(FrequencyProtocol):
         return 1.0
 
     def estimate(self, counts: np.ndarray, n: int, postprocess: str | None = None) -> np.ndarray:
-        """Unbiased estimator ``(c - n qs) / (n (ps - qs))`` (seed 000 Eq. 1 and Eq. 9)."""
+        """Unbiased estimator ``(c - n qs) / (n (ps - qs))`` (Arcolezi et al., DCN 2022, Eqs. 1 and 9)."""
         c = self.check_counts(counts, n).astype(np.float64)
         f = (c - n * self.qs) / (n * (self.ps - self.qs))
         return _pp.apply(postprocess, f, counts=c, n=n, ps=self.ps, qs=self.qs)
 
     def variance(self, n: int) -> float:
-        """Var* = qs (1 - qs) / (n (ps - qs)^2) (seed 000 Eq. 2 and Eq. 11)."""
+        """Var* = qs (1 - qs) / (n (ps - qs)^2) (Arcolezi et al., DCN 2022, Eqs. 2 and 11)."""
         return float(self.variance_exact(0.0, n))
 
     def variance_exact(self, f: np.ndarray | float, n: int) -> np.ndarray:
-        """Var = γ (1 - γ) / (n (ps - qs)^2) with γ = qs + f (ps - qs) (seed 000 Thm. 2)."""
+        """Var = γ (1 - γ) / (n (ps - qs)^2) with γ = qs + f (ps - qs) (Arcolezi et al., DCN 2022,
+        Thm. 2, Eq. 10)."""
         gamma = self.qs + np.asarray(f, dtype=np.float64) * (self.ps - self.qs)
         return gamma * (1.0 - gamma) / (n * (self.ps - self.qs) ** 2)
 
 
-class SingleShotPure(PureProtocol):
+class SingleShot(FrequencyProtocol):
+    """A memoryless protocol over ``[0, k)`` with one privacy parameter ``eps`` (its ε1 = ε∞)."""
+
+    eps: float
+
+    def __init__(self, k: int, eps: float) -> None:
+        self.k = check_domain(k)
+        self.eps = check_eps("eps", eps)
+
+    def params(self) -> dict[str, Any]:
+        return {"protocol": self.name, "k": self.k, "eps": self.eps}
+
+
+class SingleShotPure(SingleShot, PureProtocol):
     """A memoryless pure protocol whose support probabilities are its attributes ``p`` and ``q``."""
 
     p: float

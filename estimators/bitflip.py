@@ -1,7 +1,8 @@
-"""dBitFlipPM (Ding, Kulkarni & Yekhanin, NeurIPS 2017), as described in seed 001 §2.4.4.
+"""dBitFlipPM (Ding, Kulkarni & Yekhanin, NeurIPS 2017), as described in Arcolezi et al., EDBT 2023,
+§2.4.4 (below "EDBT 2023").
 
 Device side
-    * ``bucket(v) = floor(v b / k)``: ``b`` contiguous buckets of close values (seed 001 §2.4.4
+    * ``bucket(v) = floor(v b / k)``: ``b`` contiguous buckets of close values (EDBT 2023, §2.4.4
       "close values will fall into the same bucket"); bucket ``j`` holds the values
       ``[ceil(j k / b), ceil((j + 1) k / b))``, so bucket widths differ by at most one.
     * Each device draws ``d`` distinct bucket indices ``j_1 < ... < j_d`` uniformly without
@@ -9,7 +10,7 @@ Device side
       key (its ChaCha20 stream ``(key, BITFLIP_J, 0)``, :mod:`estimators.randomness`), so they
       are fixed forever and survive restarts with the key.
     * Its report is the ``d`` pairs ``(j_l, x_l)`` with ``P(x_l = 1) = p = e^{ε/2}/(e^{ε/2}+1)``
-      if ``bucket(v) = j_l`` else ``q = 1/(e^{ε/2}+1)`` (seed 001 §2.4.4). There is no IRR
+      if ``bucket(v) = j_l`` else ``q = 1/(e^{ε/2}+1)`` (EDBT 2023, §2.4.4). There is no IRR
       round: the response is memoized and every later report with the same bucket repeats it.
 
 Memoization and longitudinal loss
@@ -18,8 +19,8 @@ Memoization and longitudinal loss
     (``b`` when ``d = b``). The memoized bits are addressed by ``(memo key, case)``, so the
     same bucket always gives the same bits, and all unsampled buckets share one memoized
     response. A device therefore holds at most ``min(d + 1, b)`` independently randomized
-    responses, each ε∞-LDP, which is exactly the sequential-composition argument behind seed
-    001 Table 1 / Section 4 ("worst-case longitudinal privacy of min(d + 1, b) ε∞ ... cf.
+    responses, each ε∞-LDP, which is exactly the sequential-composition argument behind EDBT
+    2023, Table 1 / Section 4 ("worst-case longitudinal privacy of min(d + 1, b) ε∞ ... cf.
     Definition 3.2 and Proposition 2.3"). (Addressing the bits by the bucket itself would give
     each unsampled bucket its own independent response: up to ``b`` of them, for which
     composition only gives ``min(m, b) ε∞``, and bucket changes between unsampled buckets
@@ -30,7 +31,7 @@ Memoization and longitudinal loss
 
 ε of one report (computed, not echoed)
     ``J`` is independent of the value, so only the bits matter. With ``d >= 2`` two sampled
-    buckets can swap roles in one report: the worst ratio is the UE one (seed 001 §2.3,
+    buckets can swap roles in one report: the worst ratio is the UE one (EDBT 2023, §2.3.3,
     ``ln(p(1-q)/((1-p)q))``) which equals the requested ε. With ``d = 1`` a single bit is
     reported and the worst ratio is ``p/q = e^{ε/2}``: 1BitFlipPM is ε/2-LDP per report.
     ``eps_inf`` (= ``eps_first``, one round) reports that true value.
@@ -41,15 +42,15 @@ Server side (a pure protocol over buckets)
     device holding another bucket samples ``j`` w.p. ``d/b`` (``J`` is independent of the
     value) and reports 1 w.p. ``q``. So the protocol is pure with ``ps = (d/b) p`` and
     ``qs = (d/b) q`` relative to ``n``, and :class:`~estimators.base.PureProtocol`'s estimator
-    ``(C - n qs) / (n (ps - qs)) = (C - (nd/b) q) / ((nd/b)(p - q))`` is seed 001 Eq. (1) with
+    ``(C - n qs) / (n (ps - qs)) = (C - (nd/b) q) / ((nd/b)(p - q))`` is EDBT 2023, Eq. 1 with
     ``n`` replaced by ``nd/b`` (§2.4.4). Estimates have length ``b`` (``domain_size = b``).
 
 Variance (see :meth:`DBitFlipPM.seed_variance`)
     With ``h = e^{ε/2}``, our exact Var* (true frequency 0) is
-    ``qs(1-qs)/(n(ps-qs)^2) = b (h + 1 - d/b) / (n d (h - 1)^2)``. Seed 001 §4 quotes
+    ``qs(1-qs)/(n(ps-qs)^2) = b (h + 1 - d/b) / (n d (h - 1)^2)``. EDBT 2023, §4, quotes
     ``b / (2 d n sinh(ε/2)) = b h / (n d (h^2 - 1))``, which is smaller by the factor
     ``(h + 1)(h + 1 - d/b) / (h (h - 1))`` (about 2.95 at ε = 2, d = 1, b = 90). The test suite
-    measures the empirical MSE: it matches our formula, not the seed's approximation.
+    measures the empirical MSE: it matches our formula, not the paper's approximation.
 """
 from __future__ import annotations
 
@@ -58,15 +59,9 @@ from typing import ClassVar
 import numpy as np
 
 from . import kernels
-from .base import PureProtocol, check_domain, check_eps
+from .base import PureProtocol, check_domain, check_eps, uint_dtype
 from .errors import InvalidReports, LDPError
 from .memo import MemoState
-
-
-def _code_dtype(b: int) -> np.dtype:
-    """Smallest unsigned dtype holding the pair code ``2 (b - 1) + 1``."""
-    top = 2 * b - 1
-    return np.dtype(np.uint8 if top < 1 << 8 else np.uint16 if top < 1 << 16 else np.uint32)
 
 
 def _check_int(name: str, value: int, lo: int, hi: int | None = None) -> int:
@@ -81,7 +76,7 @@ def _check_int(name: str, value: int, lo: int, hi: int | None = None) -> int:
 
 
 class DBitFlipPM(PureProtocol):
-    """dBitFlipPM: ``d`` memoized SUE bits out of ``b`` buckets, one round (seed 001 §2.4.4).
+    """dBitFlipPM: ``d`` memoized SUE bits out of ``b`` buckets, one round (EDBT 2023, §2.4.4).
 
     Reports are ``(n, d)`` arrays of pair codes ``2 j_l + x_l`` (bucket index and bit in one
     unsigned integer: uint8 when ``b <= 128``), the bucket indices strictly increasing within a
@@ -108,12 +103,12 @@ class DBitFlipPM(PureProtocol):
             raise LDPError(f"d = {self.d} sampled buckets cannot exceed b = {self.b}")
         self.requested_eps_inf = check_eps("eps_inf", eps_inf)
         h = np.exp(self.requested_eps_inf / 2)
-        self.p = float(h / (h + 1))  # seed 001 §2.4.4
+        self.p = float(h / (h + 1))  # EDBT 2023, §2.4.4
         self.q = float(1 / (h + 1))
         # J sampler: Floyd's algorithm (d draws, O(d^2) work) for small d, else selection
         # sampling (one pass over the b buckets); a pure function of (d, b), so both sides agree.
         self._floyd = self.d * self.d <= 4 * self.b
-        self._dtype = _code_dtype(self.b)
+        self._dtype = uint_dtype(2 * self.b)  # pair codes 2 j + x lie in [0, 2 b)
 
     # ---------------------------------------------------------------- identity
     def params(self) -> dict:
@@ -154,7 +149,7 @@ class DBitFlipPM(PureProtocol):
         return min(self.d + 1, self.b)
 
     def longitudinal_loss(self, memoized: np.ndarray | int) -> np.ndarray | float:
-        """``min(m, d + 1, b) ε∞`` after ``m`` distinct memoized buckets (seed 001 Table 1, §4)."""
+        """``min(m, d + 1, b) ε∞`` after ``m`` distinct memoized buckets (EDBT 2023, Table 1, §4)."""
         m = np.asarray(memoized)
         return np.minimum(np.maximum(m, 0), self.memo_cases) * self.eps_inf
 
@@ -199,7 +194,7 @@ class DBitFlipPM(PureProtocol):
         return self.d / self.b
 
     def seed_variance(self, n: int) -> float:
-        """Seed 001 §4's approximate variance ``b / (2 d n sinh(ε∞/2))`` (ε∞ as requested).
+        """The approximate variance ``b / (2 d n sinh(ε∞/2))`` of EDBT 2023, §4 (ε∞ as requested).
 
         An approximation that understates the estimator's variance; :meth:`variance` is exact.
         """

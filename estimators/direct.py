@@ -1,4 +1,5 @@
-"""Direct encoding: GRR (seed 000 §2.2.1) and its memoized chain L-GRR (seed 000 §4.2)."""
+"""Direct encoding: GRR (Kairouz, Bonawitz & Ramage, ICML 2016; Arcolezi et al., DCN 2022, §2.2.1)
+and its memoized chain L-GRR (Arcolezi et al., DCN 2022, §4.2)."""
 from __future__ import annotations
 
 from typing import ClassVar
@@ -6,24 +7,19 @@ from typing import ClassVar
 import numpy as np
 
 from . import kernels
-from .randomness import KEY_WORDS, noise_key
-from .base import SingleShotPure, check_domain, check_eps
+from .base import SingleShot, SingleShotPure, check_domain, uint_dtype
 from .errors import InvalidReports
+from .kernels import NO_KEYS, NO_SEEN
 from .longitudinal import NO_NOISE_KEY, Rounds, TwoRoundProtocol, grr_chain_eps_first, grr_chain_p2, grr_eps
 from .memo import MemoState
-
-_NO_KEYS = np.zeros((0, KEY_WORDS), dtype=np.uint32)
-_NO_SEEN = np.zeros((0, 0), dtype=np.uint8)
+from .randomness import noise_key
 
 
 def grr_probabilities(eps: float, m: int) -> tuple[float, float]:
-    """GRR over ``m`` values: ``p = e^ε / (e^ε + m - 1)``, ``q = 1 / (e^ε + m - 1)``."""
+    """GRR over ``m`` values: ``p = e^ε / (e^ε + m - 1)``, ``q = 1 / (e^ε + m - 1)`` (Arcolezi
+    et al., DCN 2022, §2.2.1)."""
     d = np.exp(eps) + m - 1
     return float(np.exp(eps) / d), float(1.0 / d)
-
-
-def _int_dtype(k: int) -> np.dtype:
-    return np.dtype(np.uint8 if k <= 1 << 8 else np.uint16 if k <= 1 << 16 else np.uint32)
 
 
 class _DirectReports:
@@ -33,7 +29,7 @@ class _DirectReports:
 
     @property
     def report_dtype(self) -> np.dtype:
-        return _int_dtype(self.k)
+        return uint_dtype(self.k)
 
     def validate_reports(self, reports: np.ndarray) -> None:
         if reports.size and int(reports.max()) >= self.k:
@@ -57,12 +53,8 @@ class GRR(_DirectReports, SingleShotPure):
     name: ClassVar[str] = "GRR"
 
     def __init__(self, k: int, eps: float) -> None:
-        self.k = check_domain(k)
-        self.eps = check_eps("eps", eps)
+        SingleShot.__init__(self, k, eps)
         self.p, self.q = grr_probabilities(self.eps, self.k)
-
-    def params(self) -> dict:
-        return {"protocol": self.name, "k": self.k, "eps": self.eps}
 
     @property
     def eps_first(self) -> float:
@@ -71,16 +63,16 @@ class GRR(_DirectReports, SingleShotPure):
     def randomize(self, values, rng=None, state=None):
         v = self.check_values(values)
         self._state_for(state, v.shape[0])
-        out = kernels.grr_chain_randomize(v, _NO_KEYS, False, _NO_SEEN, noise_key(rng), self.p, 1.0, self.k)
+        out = kernels.grr_chain_randomize(v, NO_KEYS, False, NO_SEEN, noise_key(rng), self.p, 1.0, self.k)
         return out.astype(self.report_dtype)
 
 
 class GRRChain(TwoRoundProtocol):
     """Two GRR rounds over ``chain_size`` values: GRR(ε∞) memoized, then GRR per report.
 
-    L-GRR chains over the values themselves (``chain_size = k``, seed 000 §4.2); LOLOHA over
-    the device's hashed values (``chain_size = g``, seed 001 Alg. 1), where the server's
-    ``q1'`` is the collision probability ``1/g`` (Alg. 2).
+    L-GRR chains over the values themselves (``chain_size = k``, Arcolezi et al., DCN 2022,
+    §4.2); LOLOHA over the device's hashed values (``chain_size = g``, Arcolezi et al., EDBT 2023,
+    Alg. 1), where the server's ``q1'`` is the collision probability ``1/g`` (EDBT 2023, Alg. 2).
     """
 
     @property
@@ -99,13 +91,14 @@ class GRRChain(TwoRoundProtocol):
 
     @property
     def eps_inf(self) -> float:
-        """ln(p1 / q1) of the memoized PRR (seed 000 §4.2, seed 001 Thm. 3.3)."""
+        """ln(p1 / q1) of the memoized PRR (Arcolezi et al., DCN 2022, §4.2; EDBT 2023, Thm. 3.3)."""
         return grr_eps(self.p1, self.q1)
 
     @property
     def eps_first(self) -> float:
-        """True ε of one report, ``ps / (q1 p2 + (1 - q1) q2)`` (Eq. 12 / Thm. 3.4 are its m = 2 case)."""
-        return grr_chain_eps_first(self.rounds, self.chain_size)
+        """True ε of one report, ``ln(ps / (q1 p2 + (1 - q1) q2))``; Arcolezi et al., DCN 2022, Eq. 12
+        and EDBT 2023, Thm. 3.4 are its ``chain_size = 2`` case."""
+        return grr_chain_eps_first(self.rounds)
 
     def _chain(self, x: np.ndarray, keys: np.ndarray, seen: np.ndarray, nkey: np.ndarray | None,
                irr: bool) -> np.ndarray:
@@ -121,7 +114,8 @@ class GRRChain(TwoRoundProtocol):
 
 
 class LGRR(_DirectReports, GRRChain):
-    """Longitudinal GRR: GRR(ε∞) memoized, then GRR re-randomization per report (seed 000 §4.2)."""
+    """Longitudinal GRR: GRR(ε∞) memoized, then GRR re-randomization per report (Arcolezi et al.,
+    DCN 2022, §4.2)."""
 
     name: ClassVar[str] = "L-GRR"
 

@@ -13,5 +13,9 @@ class InvalidReports(LDPError):
     """Reports or a wire payload that do not belong to the protocol's output space."""
 
 
+class TruncatedPayload(InvalidReports):
+    """A wire payload whose length differs from what its header announces."""
+
+
 class InvalidState(LDPError):
     """A memo state that does not match the protocol or the batch it is used with."""

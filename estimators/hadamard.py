@@ -2,9 +2,11 @@
 
 Both encode value ``v`` (0-based) by row/column ``v + 1`` of the Sylvester Hadamard matrix of
 order ``K`` = the smallest power of two ``> k`` (row 0, all ones, is never used), whose
-entries ``H[r, c] = (-1)^popcount(r & c)`` (seed 004 §5.1, Eq. 6) are computed on the fly.
+entries ``H[r, c] = (-1)^popcount(r & c)`` (the Sylvester recursion of Zhao et al., arXiv 2022,
+§5.1, Eq. 6) are computed on the fly.
 
-* **HR** (Hadamard randomized response, seed 003 §"HRR", Eqs. 46-47): a device samples a row
+* **HR** (Hadamard randomized response, HRR of Cormode, Kulkarni & Srivastava, SIGMOD 2018, as
+  summarized in Wang et al., Sensors 2020, §3.1.4, Eqs. 46-47): a device samples a row
   ``j`` uniformly in ``[0, K)``, takes the entry ``H[j, v+1]`` and keeps it w.p.
   ``p = e^ε / (e^ε + 1)`` (binary RR), else flips it. The report is ``(j, bit)``. The support
   of ``v`` counts the reports whose bit matches ``H[j, v+1]``: ``ps = p``; for another value
@@ -13,17 +15,17 @@ entries ``H[r, c] = (-1)^popcount(r & c)`` (seed 004 §5.1, Eq. 6) are computed 
   ``(C - n/2) / (n (p - 1/2))`` -- algebraically the survey's "estimate the Hadamard
   coefficients (Eq. 46), then invert the transform" -- and its variances from ``(ps, qs)``.
   Server cost O(n + K log K): a per-row histogram and one fast Walsh-Hadamard transform.
-* **FHR** (Flexible Hadamard Response, seed 004 Alg. 1): a device picks one ``+1`` position
-  ``x`` and one ``-1`` position ``y`` of its row ``H(t)`` uniformly, and sends the sparse
-  vector ``b = ±(e_x - e_y)`` (``+`` w.p. ``p``). The estimator is Eq. 7,
+* **FHR** (Flexible Hadamard Response, Zhao et al., arXiv 2022, Alg. 1): a device picks one
+  ``+1`` position ``x`` and one ``-1`` position ``y`` of its row ``H(t)`` uniformly, and sends
+  the sparse vector ``b = ±(e_x - e_y)`` (``+`` w.p. ``p``). The estimator is Eq. 7,
   ``f_t = (e^ε+1) / (2 (e^ε-1)) * (z . H(t)) / n`` with ``z = sum_i b_i``, and its exact
   variance follows from the per-report distributions 𝒳 (Eq. 8) and 𝒴 (Eq. 9) as in Eq. 10.
   FHR is *not* pure in the sense of :class:`PureProtocol` (a report contributes -1, 0 or +1 to
   a value's count), so it implements the estimator and the variances itself.
 
-FHR's privacy notion is (ε, η)-FLDP (seed 004 Def. 2), **not** ε-LDP: the ratio of output
-probabilities is bounded by ``e^ε`` only on the *intersection* of two inputs' output ranges
-(Eq. 4, Theorem 2), and the ranges of two inputs overlap on only half of their outputs
+FHR's privacy notion is (ε, η)-FLDP (Zhao et al., arXiv 2022, Def. 2), **not** ε-LDP: the ratio
+of output probabilities is bounded by ``e^ε`` only on the *intersection* of two inputs' output
+ranges (Eq. 4, Theorem 2), and the ranges of two inputs overlap on only half of their outputs
 (η = 1/2, Eq. 3). An output outside the intersection has probability 0 under the other input,
 so the standard LDP ε of FHR is infinite, whatever ε: :attr:`FHR.eps_first` (the project's
 single-report ε, used by the privacy audit and the dashboards) is ``inf``;
@@ -37,7 +39,7 @@ import numpy as np
 
 from . import kernels
 from . import postprocess as _pp
-from .base import FrequencyProtocol, PureProtocol, check_domain, check_eps
+from .base import PureProtocol, SingleShot, uint_dtype
 from .errors import InvalidReports, LDPError
 from .memo import MemoState
 from .randomness import noise_key
@@ -51,18 +53,14 @@ def hadamard_order(k: int) -> int:
 
 
 def hadamard_entry(r: np.ndarray | int, c: np.ndarray | int) -> np.ndarray:
-    """``H[r, c] = (-1)^popcount(r & c)`` as int64 ±1 (seed 004 §5.1), broadcasting."""
+    """``H[r, c] = (-1)^popcount(r & c)`` as int64 ±1 (Zhao et al., arXiv 2022, §5.1), broadcasting."""
     x = np.bitwise_and(np.asarray(r, dtype=np.int64), np.asarray(c, dtype=np.int64))
     return 1 - 2 * (np.bitwise_count(x).astype(np.int64) & 1)
 
 
-def _uint_dtype(m: int) -> np.dtype:
-    """The smallest unsigned integer dtype holding ``[0, m)``."""
-    return np.dtype(np.uint8 if m <= 1 << 8 else np.uint16 if m <= 1 << 16 else np.uint32)
-
-
 def _keep_probability(eps: float) -> float:
-    """Binary RR: ``p = e^ε / (e^ε + 1)`` (seed 003 §HRR; seed 004 Alg. 1 line 6)."""
+    """Binary RR: ``p = e^ε / (e^ε + 1)`` (Wang et al., Sensors 2020, §3.1.4; Zhao et al., arXiv 2022,
+    Alg. 1 line 6)."""
     return float(1.0 / (1.0 + np.exp(-eps)))
 
 
@@ -75,21 +73,15 @@ def _check_integer_reports(name: str, r: np.ndarray, shape: tuple[int, ...]) -> 
     return r
 
 
-class _Hadamard:
+class _Hadamard(SingleShot):
     """Shared parameters of HR and FHR."""
 
-    name: ClassVar[str]
-
     def __init__(self, k: int, eps: float) -> None:
-        self.k = check_domain(k)
+        SingleShot.__init__(self, k, eps)
         if self.k > MAX_K:
             raise LDPError(f"{self.name} supports k <= {MAX_K}, got {self.k}")
-        self.eps = check_eps("eps", eps)
         self.K = hadamard_order(self.k)
         self.p = _keep_probability(self.eps)
-
-    def params(self) -> dict:
-        return {"protocol": self.name, "k": self.k, "eps": self.eps}
 
 
 class HR(_Hadamard, PureProtocol):
@@ -100,9 +92,6 @@ class HR(_Hadamard, PureProtocol):
     """
 
     name: ClassVar[str] = "HR"
-
-    def __init__(self, k: int, eps: float) -> None:
-        super().__init__(k, eps)
 
     @property
     def ps(self) -> float:
@@ -118,15 +107,16 @@ class HR(_Hadamard, PureProtocol):
     def eps_first(self) -> float:
         """``P((j, b) | v)`` is ``p / K`` if ``b = H[j, v+1]`` else ``(1-p) / K``: ε = ln(p / (1-p)).
 
-        Var* of HR is ``(e^ε+1)^2 / (n (e^ε-1)^2)``; seed 003 Eq. 47 (``4p(1-p) / (n (2p-1)^2)``)
-        is the exact variance at ``f = 1`` (it leaves out the variance of the row sampling).
+        Var* of HR is ``(e^ε+1)^2 / (n (e^ε-1)^2)``; Wang et al., Sensors 2020, Eq. 47
+        (``4p(1-p) / (n (2p-1)^2)``) is the exact variance at ``f = 1`` (it leaves out the variance
+        of the row sampling).
         """
         return float(np.log(self.p) - np.log1p(-self.p))
 
     # ---------------------------------------------------------------- codec
     @property
     def report_dtype(self) -> np.dtype:
-        return _uint_dtype(2 * self.K)
+        return uint_dtype(2 * self.K)
 
     def validate_reports(self, reports: np.ndarray) -> None:
         r = _check_integer_reports(self.name, reports, ())
@@ -153,8 +143,9 @@ class HR(_Hadamard, PureProtocol):
         return (hadamard_entry(j, v1 + 1) == b) & (hadamard_entry(j, v2 + 1) != b)
 
 
-class FHR(_Hadamard, FrequencyProtocol):
-    """Flexible Hadamard Response (seed 004 Alg. 1); satisfies (ε, η = 1/2)-FLDP, not ε-LDP.
+class FHR(_Hadamard):
+    """Flexible Hadamard Response (Zhao et al., arXiv 2022, Alg. 1); satisfies (ε, η = 1/2)-FLDP,
+    not ε-LDP.
 
     Report: ``(P, M)``, the positions of the ``+1`` and of the ``-1`` of the sparse vector
     ``b``, each the smallest unsigned integer holding ``[0, K)``. This carries exactly the
@@ -165,9 +156,6 @@ class FHR(_Hadamard, FrequencyProtocol):
     """
 
     name: ClassVar[str] = "FHR"
-
-    def __init__(self, k: int, eps: float) -> None:
-        super().__init__(k, eps)
 
     # ---------------------------------------------------------------- privacy
     def output_probabilities(self) -> tuple[float, float]:
@@ -202,7 +190,7 @@ class FHR(_Hadamard, FrequencyProtocol):
     # ---------------------------------------------------------------- codec
     @property
     def report_dtype(self) -> np.dtype:
-        return _uint_dtype(self.K)
+        return uint_dtype(self.K)
 
     @property
     def report_shape(self) -> tuple[int, ...]:

@@ -1,25 +1,28 @@
-"""Local hashing: BLH and OLH (Wang et al. 2017; seed 003 §LH, Eqs. 34-43; seed 001 §2.3.2) and
-its memoized two-round version LOLOHA (seed 001 §3: Alg. 1 client, Alg. 2 server, Thms. 3.3-3.5,
-Eq. 6 for OLOLOHA's g).
+"""Local hashing: BLH and OLH (Wang et al., USENIX Security 2017; as summarized in Wang et al.,
+Sensors 2020, §3.1.3, Eqs. 34-43, and Arcolezi et al., EDBT 2023, §2.3.2) and its memoized
+two-round version LOLOHA (Arcolezi et al., EDBT 2023, §3: Alg. 1 client, Alg. 2 server,
+Thms. 3.3-3.5, Eq. 6 for OLOLOHA's g).
 
 A device hashes its value into ``[0, g)`` with a hash function drawn from a universal family
 and randomizes the hash value with GRR over ``[0, g)``; a report is ``(hash seed, y)``. The
 server counts the reports that *support* each value, ``C(v) = #{reports : H_seed(v) = y}``
 (an ``O(n k)`` loop, :func:`estimators.kernels.lh_support`), and every protocol here is pure
-with ``qs = 1/g`` (seed 003 Eq. 36; seed 001 Alg. 2's ``q1' = 1/g``).
+with ``qs = 1/g`` (Wang et al., Sensors 2020, Eq. 36; the ``q1' = 1/g`` of Arcolezi et al.,
+EDBT 2023, Alg. 2).
 
-**Hash family.** ``H_seed(v) = ((((a v + b) mod 2^64) >> 32) g) >> 32`` with
-``(a, b) = (word(seed, 0, 0x1A), word(seed, 0, 0x1B))``: Dietzfelbinger's multiply-add-shift,
-which is strongly universal onto 32 bits for uniform ``(a, b)`` (here a pseudo-random member
-indexed by a 32-bit seed), followed by a multiply-shift range reduction to ``[0, g)`` (bias at
-most ``g / 2^32`` per bucket). Identical in numba and numpy (:func:`estimators.reference.lh_hash`);
-over ``v`` it is one add per value, so the support loop vectorizes.
+**Hash family.** ``H_seed(v) = ((((a v + b) mod 2^64) >> 32) g) >> 32`` with ``(a, b)`` spread
+from the 32-bit seed by the SplitMix64 finalizer (:func:`estimators.kernels.lh_coeffs`):
+Dietzfelbinger's multiply-add-shift, which is strongly universal onto 32 bits for uniform
+``(a, b)`` (here a pseudo-random member indexed by a 32-bit seed), followed by a multiply-shift
+range reduction to ``[0, g)`` (bias at most ``g / 2^32`` per bucket). Identical in numba and
+numpy (:func:`estimators.reference.lh_hash`); over ``v`` it is one add per value, so the
+support loop vectorizes. The family is public: no secret enters it.
 
-**Hash seeds.** Seeds are public (they travel in reports), so they come from SipHash-2-4, a
-keyed PRF, never from ``word`` (SplitMix64 is invertible: a ``word``-derived seed would reveal
-the key that also drives the GRR coins). Single-shot BLH/OLH draw a fresh seed per report,
-``SipHash(batch seed, row)``; LOLOHA fixes one seed per device for ever (Alg. 1 line 1),
-``SipHash(memo key, DEVICE)``, so it survives restarts with the memo state.
+**Hash seeds.** Seeds are public (they travel in reports), so they come from ChaCha20 streams
+of their own (:mod:`estimators.randomness`), never from the streams that drive the GRR coins.
+Single-shot BLH/OLH draw a fresh seed per report (word ``row`` of the batch stream
+``(noise key, LH_SEED, 1)``); LOLOHA fixes one seed per device for ever (EDBT 2023, Alg. 1
+line 1), word 0 of ``(memo key, LH_SEED, 0)``, so it survives restarts with the memo state.
 
 **Wire layout.** A packed structured array ``[("seed", "<u4"), ("y", uint8|uint16|uint32)]``
 (``y`` in the smallest unsigned type holding ``g - 1``): 5 bytes per report for ``g <= 256``.
@@ -31,15 +34,14 @@ from typing import ClassVar
 import numpy as np
 
 from . import kernels
-from .randomness import KEY_WORDS, noise_key
-from .base import PureProtocol, check_domain, check_eps
+from .base import PureProtocol, SingleShot, check_domain, check_eps, uint_dtype
 from .direct import GRRChain, grr_probabilities
 from .errors import InfeasibleParameters, InvalidReports, LDPError
+from .kernels import NO_KEYS, NO_SEEN
 from .longitudinal import NO_NOISE_KEY, Calibration, TwoRoundProtocol, grr_eps
 from .memo import MemoState
+from .randomness import noise_key
 
-_NO_KEYS = np.zeros((0, KEY_WORDS), dtype=np.uint32)
-_NO_SEEN = np.zeros((0, 0), dtype=np.uint8)
 MAX_HASH_RANGE = 1 << 32  # g and k must fit the 32-bit hash input / output
 
 
@@ -54,8 +56,8 @@ def _check_g(g: int) -> int:
 
 
 def olh_g(eps: float) -> int:
-    """OLH's hash range ``g = e^ε + 1`` rounded to the closest integer (seed 001 §2.3.2;
-    seed 003 Eq. 39's minimizer, which it floors in practice)."""
+    """OLH's hash range ``g = e^ε + 1`` rounded to the closest integer (Arcolezi et al., EDBT 2023,
+    §2.3.2; the minimizer of Wang et al., Sensors 2020, Eq. 39)."""
     g = _round_half_up(float(np.exp(eps)) + 1.0)
     if g >= MAX_HASH_RANGE:
         raise InfeasibleParameters(f"OLH: ε = {eps:g} needs g = {g} >= 2^32 hash values")
@@ -63,7 +65,7 @@ def olh_g(eps: float) -> int:
 
 
 def ololoha_g(eps_inf: float, eps_1: float) -> int:
-    """OLOLOHA's ``g`` (seed 001 Eq. 6), ``a = e^ε∞``, ``b = e^ε1``:
+    """OLOLOHA's ``g`` (Arcolezi et al., EDBT 2023, Eq. 6), ``a = e^ε∞``, ``b = e^ε1``:
 
     ``g = 1 + max(1, round((1 - a² + sqrt(a⁴ - 14a² + 12ab(1 - ab) + 12a³b + 1)) / (6(a - b))))``.
     It minimizes Var* under the paper's calibration of ε_IRR (see :func:`loloha_optimal_g`).
@@ -83,7 +85,8 @@ def ololoha_g(eps_inf: float, eps_1: float) -> int:
 
 
 def loloha_var_star(g: int, eps_inf: float, eps_1: float, calibration: Calibration = "exact", n: int = 1) -> float:
-    """Var* of LOLOHA with hash range ``g`` (seed 001 Eq. 5 with Alg. 2's parameters)."""
+    """Var* of LOLOHA with hash range ``g`` (Arcolezi et al., EDBT 2023, Eq. 5 with Alg. 2's
+    parameters)."""
     return LOLOHA(2, eps_inf, eps_1, g=g, calibration=calibration).variance(n)
 
 
@@ -102,8 +105,7 @@ def loloha_optimal_g(eps_inf: float, eps_1: float, calibration: Calibration = "e
 
 def lh_report_dtype(g: int) -> np.dtype:
     """Packed ``[("seed", "<u4"), ("y", smallest uint holding g - 1)]``."""
-    y = np.uint8 if g <= 1 << 8 else np.uint16 if g <= 1 << 16 else np.uint32
-    return np.dtype([("seed", "<u4"), ("y", np.dtype(y).newbyteorder("<"))])
+    return np.dtype([("seed", "<u4"), ("y", uint_dtype(g).newbyteorder("<"))])
 
 
 class _HashedReports:
@@ -136,7 +138,8 @@ class _HashedReports:
         return out
 
     def support(self, reports: np.ndarray) -> np.ndarray:
-        """``C(v) = #{reports : H_seed(v) = y}`` (seed 003 §LH; seed 001 Alg. 2 line 4)."""
+        """``C(v) = #{reports : H_seed(v) = y}`` (Wang et al., Sensors 2020, §3.1.3; Arcolezi et al.,
+        EDBT 2023, Alg. 2 line 4)."""
         seeds, ys = self._fields(reports)
         return kernels.lh_support(seeds, ys, self.k, self.g)
 
@@ -152,20 +155,16 @@ class _HashedReports:
         return (self.hash_values(reports, v1) == y) & (self.hash_values(reports, v2) != y)
 
 
-class LocalHashing(_HashedReports, PureProtocol):
-    """Single-shot LH over ``[0, g)``: GRR with ``p = e^ε / (e^ε + g - 1)`` (seed 003 Eq. 35),
-    a fresh hash function per report; ``ps = p``, ``qs = 1/g`` (Eq. 36)."""
+class LocalHashing(_HashedReports, SingleShot, PureProtocol):
+    """Single-shot LH over ``[0, g)``: GRR with ``p = e^ε / (e^ε + g - 1)`` (Wang et al., Sensors
+    2020, Eq. 35), a fresh hash function per report; ``ps = p``, ``qs = 1/g`` (Eq. 36)."""
 
     def __init__(self, k: int, eps: float, g: int) -> None:
-        self.k = check_domain(k)
+        SingleShot.__init__(self, k, eps)
         if self.k > MAX_HASH_RANGE:
             raise LDPError(f"k must be at most 2^32 for local hashing, got {k}")
-        self.eps = check_eps("eps", eps)
         self.g = _check_g(g)
         self.p, self.q = grr_probabilities(self.eps, self.g)
-
-    def params(self) -> dict:
-        return {"protocol": self.name, "k": self.k, "eps": self.eps}
 
     @property
     def ps(self) -> float:
@@ -184,13 +183,13 @@ class LocalHashing(_HashedReports, PureProtocol):
         v = self.check_values(values)
         self._state_for(state, v.shape[0])
         nkey = noise_key(rng)
-        hseeds, x = kernels.lh_encode(v, _NO_KEYS, False, nkey, self.g)
-        y = kernels.grr_chain_randomize(x, _NO_KEYS, False, _NO_SEEN, nkey, self.p, 1.0, self.g)
+        hseeds, x = kernels.lh_encode(v, NO_KEYS, False, nkey, self.g)
+        y = kernels.grr_chain_randomize(x, NO_KEYS, False, NO_SEEN, nkey, self.p, 1.0, self.g)
         return self._pack(hseeds, y)
 
 
 class BLH(LocalHashing):
-    """Binary local hashing, ``g = 2`` (seed 003 Eqs. 40-42)."""
+    """Binary local hashing, ``g = 2`` (Wang et al., Sensors 2020, Eqs. 40-42)."""
 
     name: ClassVar[str] = "BLH"
 
@@ -199,7 +198,8 @@ class BLH(LocalHashing):
 
 
 class OLH(LocalHashing):
-    """Optimal local hashing, ``g = round(e^ε + 1)`` (seed 003 Eq. 43, seed 001 §2.3.2)."""
+    """Optimal local hashing, ``g = round(e^ε + 1)`` (Wang et al., Sensors 2020, Eq. 43; Arcolezi
+    et al., EDBT 2023, §2.3.2)."""
 
     name: ClassVar[str] = "OLH"
 
@@ -208,8 +208,9 @@ class OLH(LocalHashing):
 
 
 class LOLOHA(_HashedReports, GRRChain):
-    """Longitudinal local hashing (seed 001 §3): a fixed hash function per device, PRR =
-    GRR(ε∞) over ``[0, g)`` memoized per hash value, IRR = GRR over ``[0, g)`` per report.
+    """Longitudinal local hashing (Arcolezi et al., EDBT 2023, §3): a fixed hash function per
+    device, PRR = GRR(ε∞) over ``[0, g)`` memoized per hash value, IRR = GRR over ``[0, g)`` per
+    report.
 
     ``g=None`` is OLOLOHA (Eq. 6), ``g=2`` BiLOLOHA. ``calibration="paper"`` uses Alg. 1 line 3's
     ε_IRR = ln((e^(ε∞+ε1) - 1) / (e^ε∞ - e^ε1)), whose true single-report ε differs from ε1 when

@@ -1,6 +1,6 @@
 """Histogram encoding: SHE (summation) and THE (thresholding), Wang et al., USENIX Security
-2017 ([35] of seed 003; seed 003 §4.1 gives the Laplace mechanism ``V + Lap(Δ/ε)`` and its
-variance ``2 (Δ/ε)^2`` per coordinate).
+2017 (the survey of Wang et al., Sensors 2020, §4.1, gives the Laplace mechanism ``V + Lap(Δ/ε)``
+and its variance ``2 (Δ/ε)^2`` per coordinate).
 
 The device one-hot encodes its value ``x`` as ``B = e_x`` (L1 sensitivity ``Δ = 2`` between
 two inputs) and adds Laplace noise of scale ``b = 2/ε`` to each of the ``k`` coordinates:
@@ -28,15 +28,10 @@ from scipy.optimize import minimize_scalar
 
 from . import kernels
 from . import postprocess as _pp
-from .randomness import KEY_WORDS, noise_key, quantize32, threshold32
-from .base import FrequencyProtocol, SingleShotPure, check_domain, check_eps
+from .base import SingleShot
 from .errors import InfeasibleParameters, InvalidReports, LDPError
-from .longitudinal import ue_eps
-from .unary import _UnaryReports
-
-_NO_KEYS = np.zeros((0, KEY_WORDS), dtype=np.uint32)
-_NO_SEEN = np.zeros((0, 0), dtype=np.uint8)
-_ONE_ROUND = (np.uint64(1 << 32), np.uint64(0))  # IRR disabled: keep every PRR bit
+from .randomness import noise_key, quantize32
+from .unary import UnaryEncoding
 
 
 # ====================================================================== THE
@@ -46,7 +41,8 @@ def the_probabilities(eps: float, theta: float) -> tuple[float, float]:
 
 
 def the_optimal_theta(eps: float) -> float:
-    """θ in (0.5, 1) minimizing Var* = qs(1-qs)/(ps-qs)^2 (Wang et al. 2017), rounded to 1e-6.
+    """θ in (0.5, 1) minimizing Var* = qs(1-qs)/(ps-qs)^2 (Wang et al., USENIX Security 2017),
+    rounded to 1e-6.
 
     Found numerically (bounded Brent search); the rounding makes it a stable public parameter
     (it enters the protocol fingerprint) at a negligible cost in variance (the optimum is flat).
@@ -59,14 +55,18 @@ def the_optimal_theta(eps: float) -> float:
     return round(float(res.x), 6)
 
 
-class THE(_UnaryReports, SingleShotPure):
-    """Thresholding with histogram encoding: report the coordinates whose noisy value exceeds θ."""
+class THE(UnaryEncoding):
+    """Thresholding with histogram encoding: report the coordinates whose noisy value exceeds θ.
+
+    A single-shot UE protocol with bit probabilities ``(ps, qs)`` of :func:`the_probabilities`:
+    its ε (:attr:`eps_first`, the UE ratio) equals, for the exact Laplace probabilities,
+    ``ε/2 + ln(2 - e^{-ε(1-θ)/2}) + ln(2 - e^{-εθ/2}) <= ε`` (since ``ln(2 - e^{-a}) <= a``).
+    """
 
     name: ClassVar[str] = "THE"
 
     def __init__(self, k: int, eps: float, theta: float | None = None) -> None:
-        self.k = check_domain(k)
-        self.eps = check_eps("eps", eps)
+        SingleShot.__init__(self, k, eps)
         if theta is None:
             theta = the_optimal_theta(self.eps)
         theta = float(theta)
@@ -82,21 +82,6 @@ class THE(_UnaryReports, SingleShotPure):
 
     def params(self) -> dict:
         return {"protocol": self.name, "k": self.k, "eps": self.eps, "theta": self.theta}
-
-    @property
-    def eps_first(self) -> float:
-        """UE ratio ``ln(ps(1-qs) / ((1-ps) qs))``: the worst case for independent bits (seed 003 Eq. 24).
-
-        For the exact Laplace probabilities it equals ``ε/2 + ln(2 - e^{-ε(1-θ)/2}) +
-        ln(2 - e^{-εθ/2}) <= ε`` (since ``ln(2 - e^{-a}) <= a``).
-        """
-        return ue_eps(self.p, self.q)
-
-    def randomize(self, values, rng=None, state=None):
-        v = self.check_values(values)
-        self._state_for(state, v.shape[0])
-        return kernels.ue_chain_randomize(v, _NO_KEYS, False, _NO_SEEN, noise_key(rng),
-                                          threshold32(self.p), threshold32(self.q), *_ONE_ROUND, self.k)
 
 
 # ====================================================================== SHE
@@ -138,7 +123,7 @@ def _discrete_laplace_moments(s: int, c: int, bound: int) -> tuple[float, float]
     return float(c + e1), float(e2 - e1 * e1)
 
 
-class SHE(FrequencyProtocol):
+class SHE(SingleShot):
     """Summation with histogram encoding, with exact discrete Laplace noise and integer reports.
 
     Device: ``y_j = clip(B_j + Z_j, -C, C)`` (``B = e_x`` the one-hot vector), ``Z_j`` i.i.d.
@@ -175,8 +160,7 @@ class SHE(FrequencyProtocol):
     name: ClassVar[str] = "SHE"
 
     def __init__(self, k: int, eps: float) -> None:
-        self.k = check_domain(k)
-        self.eps = check_eps("eps", eps)
+        SingleShot.__init__(self, k, eps)
         if not SHE_MIN_EPS <= self.eps <= SHE_MAX_EPS:
             raise InfeasibleParameters(
                 f"SHE supports {SHE_MIN_EPS:g} <= eps <= {SHE_MAX_EPS:g} (an exact rational noise parameter "
@@ -190,9 +174,6 @@ class SHE(FrequencyProtocol):
         self.mu0, self.var0 = _discrete_laplace_moments(self.s, 0, self.bound)
         self.mu1, self.var1 = _discrete_laplace_moments(self.s, 1, self.bound)
         self.gap = self.mu1 - self.mu0
-
-    def params(self) -> dict:
-        return {"protocol": self.name, "k": self.k, "eps": self.eps}
 
     @property
     def eps_first(self) -> float:
@@ -241,7 +222,8 @@ class SHE(FrequencyProtocol):
         return sums
 
     def estimate(self, counts: np.ndarray, n: int, postprocess: str | None = None) -> np.ndarray:
-        """``f̂ = (C(v)/n - μ0) / (μ1 - μ0)`` (sum of noisy one-hot vectors / n, Wang et al. 2017)."""
+        """``f̂ = (C(v)/n - μ0) / (μ1 - μ0)`` (sum of noisy one-hot vectors / n, Wang et al.,
+        USENIX Security 2017)."""
         c = self.check_counts(counts, n).astype(np.float64)
         if postprocess == "ibu":
             raise LDPError("SHE is not a pure protocol (its support is a sum of discrete Laplace noise): IBU is "

@@ -12,13 +12,18 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from .randomness import (EXPAND, LH_SEED, LO32, NOISE, NOISE_EXT, PRR, bernoulli_refine, bernoulli_top, fill_run,
-                         fill_words, other_than, unit)
+from .randomness import (EXPAND, KEY_WORDS, LH_SEED, LO32, NOISE, NOISE_EXT, PRR, bernoulli_refine, bernoulli_top,
+                         fill_run, fill_words, other_than, unit)
 
 _PAR = dict(parallel=True, cache=True, nogil=True)
 _CHUNK = 1 << 12
 _UE_CHUNK = 1 << 10
 UE_REFINE_SLOTS = 2  # refinement draws held in a UE row's noise slot / PRR prefix (more: extension)
+
+# Arguments of the chain kernels for the rounds a call does not run:
+NO_KEYS = np.zeros((0, KEY_WORDS), dtype=np.uint32)  # memo keys of a single-shot call (``memo=False``)
+NO_SEEN = np.zeros((0, 0), dtype=np.uint8)           # its memo bitset (never marked)
+UE_NO_IRR = (np.uint64(1 << 32), np.uint64(0))       # ``(t2p, t2q)`` of ue_chain_randomize: keep round-1 bits
 
 
 @nb.njit(inline="always", cache=True)
@@ -192,7 +197,8 @@ __all__ = ["grr_chain_randomize", "ue_chain_randomize", "packed_bit_counts", "bi
 
 
 # ------------------------------------------------------------------ Hadamard response (HR, FHR)
-# H[r, c] = (-1)^popcount(r & c) (Sylvester order, seed 004 Eq. 6); value v is row/column v + 1.
+# H[r, c] = (-1)^popcount(r & c) (Sylvester order, the recursion of Zhao et al., arXiv 2022, Eq. 6);
+# value v is row/column v + 1.
 @nb.njit(inline="always", cache=True)
 def _parity(x: np.int64) -> np.int64:
     """popcount(x) mod 2 for 0 <= x < 2**63."""
@@ -270,7 +276,7 @@ def _hr_support(reports, K, k, threads):
 
 @nb.njit(**_PAR)
 def fhr_randomize(values, nkey, p, K):
-    """FHR (seed 004 Alg. 1): ``x`` uniform among the +1 columns of row v+1, ``y`` among the -1
+    """FHR (Zhao et al., arXiv 2022, Alg. 1): ``x`` uniform among the +1 columns of row v+1, ``y`` among the -1
     columns; kept (``b = +e_x - e_y``) w.p. ``p`` else flipped. Report ``(P, M)`` = positions of
     the +1 and the -1 of ``b``. A uniform column is moved into the wanted coset of the row by
     xor-ing the row's lowest set bit (a bijection between the two halves).
@@ -302,7 +308,8 @@ def fhr_randomize(values, nkey, p, K):
 
 
 def fhr_support(reports, K, k):
-    """FHR support ``C(t) = (z . H(t)) / 2`` with ``z = sum_i b_i`` (seed 004 Eq. 7), via FWHT.
+    """FHR support ``C(t) = (z . H(t)) / 2`` with ``z = sum_i b_i`` (Zhao et al., arXiv 2022, Eq. 7),
+    via FWHT.
 
     Reports ``(P, M)`` checked ``< K``; ``b_i . H(t) = H[t+1, P] - H[t+1, M]`` is even.
     """
@@ -429,7 +436,8 @@ def lh_support(hseeds, ys, k, g):
 __all__ += ["lh_encode", "lh_hash_rows", "lh_support"]
 
 
-# ------------------------------------------------------------------ dBitFlipPM (seed 001 §2.4.4)
+# ------------------------------------------------------------------ dBitFlipPM
+# Ding, Kulkarni & Yekhanin, NeurIPS 2017, as described in Arcolezi et al., EDBT 2023, §2.4.4.
 from .randomness import BITFLIP_BIT, BITFLIP_J, NO_WORDS, stream_word  # noqa: E402
 
 
@@ -561,13 +569,14 @@ def bitflip_support(reports, b):
 __all__ += ["bitflip_randomize", "bitflip_support"]
 
 
-# ------------------------------------------------------------------ subset selection (SS, seed 003 §3.1.5)
+# ------------------------------------------------------------------ subset selection (SS)
+# ω-SM as described in Wang et al., Sensors 2020, §3.1.5.
 _SS_SLOT_WORDS = 1 << 16  # noise words per SS chunk (at most; at least one row)
 
 
 @nb.njit(**_PAR)
 def ss_randomize(values, nkey, ps, omega, k):
-    """ω-SM (seed 003 Alg. 2) as a packed little-endian bit set ``uint8 (n, ceil(k/8))``.
+    """ω-SM (Wang et al., Sensors 2020, Alg. 2) as a packed little-endian bit set ``uint8 (n, ceil(k/8))``.
 
     Row ``i`` draws from its noise slot of ``W = 1 + ω`` words of the batch key ``nkey``. The
     true value is kept w.p. ``ps`` (word 0); then ``m = ω - 1`` (kept) or ``ω`` (not kept)
@@ -689,8 +698,8 @@ def _she_bern_inv(kk, nkey, r, slot, cache, j, cur, have):
 
 @nb.njit(inline="always", cache=True)
 def _she_bern_exp(g, t_bits, nkey, r, slot, cache, j, cur, have):
-    """Bernoulli(exp(-g / 2^t_bits)) for ``0 <= g <= 2^t_bits`` (Canonne, Kamath & Steinke 2020,
-    Alg. 1): ``K = 1``; while Bernoulli(γ/K) (drawn as Bernoulli(1/K), then Bernoulli(γ)),
+    """Bernoulli(exp(-g / 2^t_bits)) for ``0 <= g <= 2^t_bits`` (Canonne, Kamath & Steinke,
+    NeurIPS 2020, Alg. 1): ``K = 1``; while Bernoulli(γ/K) (drawn as Bernoulli(1/K), then Bernoulli(γ)),
     ``K += 1``; the result is ``K`` odd."""
     kk = np.int64(1)
     while True:
@@ -707,7 +716,8 @@ def _she_bern_exp(g, t_bits, nkey, r, slot, cache, j, cur, have):
 
 @nb.njit(inline="always", cache=True)
 def _she_discrete_laplace(s, t_bits, vcap, nkey, r, slot, cache, j, cur, have):
-    """``Z`` with ``P(Z = z) ∝ exp(-|z| s / 2^t_bits)`` (Canonne, Kamath & Steinke 2020, Alg. 2),
+    """``Z`` with ``P(Z = z) ∝ exp(-|z| s / 2^t_bits)`` (Canonne, Kamath & Steinke, NeurIPS 2020,
+    Alg. 2),
     except that ``V`` stops at ``vcap`` (then ``|Z| >= floor(2^t_bits vcap / s)``, beyond the
     caller's clip bound, which maps it to the same value as any larger ``|Z|``)."""
     t = np.int64(1) << t_bits

@@ -1,4 +1,5 @@
-"""The two-round memoization framework (RAPPOR's PRR then IRR; seed 000 §4, seed 001 §2.4).
+"""The two-round memoization framework (RAPPOR's PRR then IRR, Erlingsson, Pihur & Korolova,
+CCS 2014; Arcolezi et al., DCN 2022, §4; Arcolezi et al., EDBT 2023, §2.4).
 
 Every longitudinal protocol of the project is this one mechanism with different
 ``(p1, q1, p2, q2)`` and a different encoding of the memoized input:
@@ -9,16 +10,18 @@ Every longitudinal protocol of the project is this one mechanism with different
 * IRR (instantaneous randomized response): every report re-randomizes the memoized output
   with ``(p2, q2)``; ε1 is the ε of one report through both rounds.
 
-The server sees ``ps = p1 p2 + (1 - p1) q2`` and ``qs = q1 p2 + (1 - q1) q2`` (seed 000 Eq. 9)
-and estimates with :class:`~estimators.base.PureProtocol`.
+The server sees ``ps = p1 p2 + (1 - p1) q2`` and ``qs = q1 p2 + (1 - q1) q2`` (the estimator of
+Arcolezi et al., DCN 2022, Eq. 9; ``p_s``/``q_s`` of EDBT 2023, §2.4.2) and estimates with
+:class:`~estimators.base.PureProtocol`.
 
 Calibration of ``p2`` from ``(ε∞, ε1)``:
 
 * ``"exact"`` (default) solves for the ``p2`` whose *true* worst-case single-report likelihood
   ratio is ``e^ε1``. For a GRR chain over ``m`` values that ratio is ``ps / qs``.
-* ``"paper"`` reproduces the seeds: seed 000 Eq. 12/13 (L-GRR) and seed 001 Thm. 3.4 (LOLOHA)
-  set ``(p1 p2 + q1 q2) / (p1 q2 + q1 p2) = e^ε1``, which is the true ratio only for ``m = 2``.
-  For UE chains Eq. 14 is already exact, so both calibrations coincide.
+* ``"paper"`` reproduces the papers: Arcolezi et al., DCN 2022, Eqs. 12-13 (L-GRR) and
+  Arcolezi et al., EDBT 2023, Thm. 3.4 (LOLOHA) set ``(p1 p2 + q1 q2) / (p1 q2 + q1 p2) = e^ε1``,
+  which is the true ratio only for ``m = 2``. For UE chains DCN 2022's Eq. 14 is already exact,
+  so both calibrations coincide.
 
 Whatever the calibration, ``eps_first`` and ``eps_inf`` are recomputed from the parameters in use.
 """
@@ -70,15 +73,17 @@ def grr_eps(p: float, q: float) -> float:
 
 
 def ue_eps(p: float, q: float) -> float:
-    """ε of UE with bit probabilities ``p`` (hot) and ``q`` (cold): ln(p(1-q) / ((1-p)q)) (Eq. 14)."""
+    """ε of UE with bit probabilities ``p`` (hot) and ``q`` (cold): ln(p(1-q) / ((1-p)q))
+    (Arcolezi et al., DCN 2022, Eq. 4)."""
     return float(np.log(p * (1.0 - q) / ((1.0 - p) * q)))
 
 
-def grr_chain_eps_first(r: Rounds, m: int) -> float:
-    """True ε1 of a GRR chain over ``m`` values: the worst ratio ``ps / qs_grr``.
+def grr_chain_eps_first(r: Rounds) -> float:
+    """True ε1 of a GRR chain (over any number ``m`` of values): the worst ratio ``ps / qs``.
 
-    With ``q_s = q1 p2 + (1 - q1) q2`` the probability of reporting ``y`` when ``y`` is not the
-    input; for ``m = 2`` it equals seed 000 Eq. 12.
+    ``qs = q1 p2 + (1 - q1) q2`` is the probability of reporting ``y`` when ``y`` is not the
+    input (the PRR's ``q1``, also when the server's ``q1s`` differs); for ``m = 2`` the ratio
+    equals Arcolezi et al., DCN 2022, Eq. 12.
     """
     ps = r.p1 * r.p2 + (1 - r.p1) * r.q2
     qs = r.q1 * r.p2 + (1 - r.q1) * r.q2
@@ -86,12 +91,13 @@ def grr_chain_eps_first(r: Rounds, m: int) -> float:
 
 
 def grr_chain_eps_paper(r: Rounds) -> float:
-    """Seed 000 Eq. 12 / seed 001 Thm. 3.4: ln((p1 p2 + q1 q2) / (p1 q2 + q1 p2))."""
+    """Arcolezi et al., DCN 2022, Eq. 12 / EDBT 2023, Thm. 3.4: ln((p1 p2 + q1 q2) / (p1 q2 + q1 p2))."""
     return float(np.log((r.p1 * r.p2 + r.q1 * r.q2) / (r.p1 * r.q2 + r.q1 * r.p2)))
 
 
 def ue_chain_eps_first(r: Rounds) -> float:
-    """True ε1 of a UE chain: Eq. 14 with ``ps``, ``qs`` of the two rounds."""
+    """True ε1 of a UE chain: Arcolezi et al., DCN 2022, Eq. 14 (Eq. 4 with ``ps``, ``qs`` of the
+    two rounds)."""
     return ue_eps(r.ps, r.qs)
 
 
@@ -112,7 +118,8 @@ def grr_chain_p2(p1: float, q1: float, m: int, eps1: float, eps_inf: float,
                  calibration: Calibration, name: str) -> float:
     """``p2`` of a GRR IRR round over ``m`` values (``q2 = (1 - p2)/(m - 1)``).
 
-    ``"paper"`` uses the closed forms of seed 000 Eq. 13 (equivalently seed 001's ε_IRR);
+    ``"paper"`` uses the closed form of Arcolezi et al., DCN 2022, Eq. 13 (equivalently the
+    ε_IRR of Arcolezi et al., EDBT 2023, Alg. 1 line 3);
     ``"exact"`` solves ``ps / qs = e^ε1`` (affine in ``p2``, so in closed form too).
     """
     if eps1 >= eps_inf:
@@ -136,13 +143,15 @@ def grr_chain_p2(p1: float, q1: float, m: int, eps1: float, eps_inf: float,
 
 
 def sue_irr(p1: float, q1: float, eps1: float, eps_inf: float, name: str) -> tuple[float, float]:
-    """Symmetric IRR (``q2 = 1 - p2``) meeting ε1 through Eq. 14 (seed 000 Eq. 15 for L-OSUE)."""
+    """Symmetric IRR (``q2 = 1 - p2``) meeting ε1 through Arcolezi et al., DCN 2022, Eq. 14 (its
+    Eq. 15 is the closed form for L-OSUE)."""
     p2 = _solve(name, lambda p: ue_chain_eps_first(Rounds(p1, q1, p, 1 - p)), 0.5, 1.0 - 1e-15, eps1, eps_inf)
     return p2, 1.0 - p2
 
 
 def oue_irr(p1: float, q1: float, eps1: float, eps_inf: float, name: str) -> tuple[float, float]:
-    """OUE-shaped IRR (``p2 = 1/2``) meeting ε1 through Eq. 14; infeasible above a cap (≈0.6-0.9 ε∞)."""
+    """OUE-shaped IRR (``p2 = 1/2``) meeting ε1 through Arcolezi et al., DCN 2022, Eq. 14;
+    infeasible above a cap (≈0.6-0.9 ε∞; DCN 2022, §4.4)."""
     q2 = _solve(name, lambda t: ue_chain_eps_first(Rounds(p1, q1, 0.5, 0.5 - t)), 0.0, 0.5 - 1e-15, eps1, eps_inf)
     return 0.5, 0.5 - q2
 
@@ -199,10 +208,11 @@ class TwoRoundProtocol(PureProtocol):
         return self.k
 
     def longitudinal_loss(self, memoized: np.ndarray | int) -> np.ndarray | float:
-        """ε on a device's values after memoizing ``memoized`` distinct inputs (seed 001 Eq. 8).
+        """ε on a device's values after memoizing ``memoized`` distinct inputs (the per-device
+        ε̌∞ averaged in Arcolezi et al., EDBT 2023, Eq. 8).
 
-        Each memoized input leaks one ε∞ (sequential composition, Prop. 2.3), at most
-        ``memo_size`` of them; a single memoized input seen once leaks ε1.
+        Each memoized input leaks one ε∞ (sequential composition, EDBT 2023, Prop. 2.3), at most
+        ``memo_size`` of them (Def. 3.2).
         """
         m = np.minimum(np.asarray(memoized), self.memo_size)
         return m * self.eps_inf

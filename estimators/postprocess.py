@@ -1,10 +1,10 @@
 """Post-processing of unbiased frequency estimates into consistent histograms.
 
 Every method is a function of the unbiased estimate (itself a function of ``(counts, n)``),
-so post-processing keeps the server state mergeable. References: Wang et al., "Locally
-differentially private frequency estimation with consistency" (NDSS 2020) for Norm-Sub;
-Duchi et al. (ICML 2008) for the Euclidean projection onto the simplex; Agrawal & Aggarwal
-(2001) / ElSalamouny & Palamidessi (2020) for the iterative Bayesian update (IBU).
+so post-processing keeps the server state mergeable. References: Wang et al., NDSS 2020 ("Locally
+differentially private frequency estimation with consistency") for Norm-Sub; Duchi et al.,
+ICML 2008 for the Euclidean projection onto the simplex; Agrawal & Aggarwal, PODS 2001, and
+ElSalamouny & Palamidessi, EuroS&P 2020, for the iterative Bayesian update (IBU).
 """
 from __future__ import annotations
 

@@ -183,6 +183,22 @@ def _blocks_lanes(state, x) -> None:
             x[w, l] = np.uint32(x[w, l] + state[w, l])
 
 
+@nb.njit(inline="always", cache=True)
+def _lane_states(key, domain):
+    """``(16, LANES)`` ChaCha20 input states, one per lane: the constants, ``key`` and the
+    ``domain`` nonce word; the caller sets the counter (word 12) and ``a`` (words 14-15)."""
+    state = np.empty((16, LANES), dtype=np.uint32)
+    for l in range(LANES):
+        state[0, l] = np.uint32(0x61707865)
+        state[1, l] = np.uint32(0x3320646E)
+        state[2, l] = np.uint32(0x79622D32)
+        state[3, l] = np.uint32(0x6B206574)
+        for j in range(KEY_WORDS):
+            state[4 + j, l] = key[j]
+        state[13, l] = np.uint32(domain)
+    return state
+
+
 @nb.njit(cache=True, nogil=True)
 def fill_words(keys, per_row_key, domain, inputs, r0, r1, out) -> None:
     """Prefixes of the streams of rows ``r0 .. r1-1`` into ``out[0 : r1-r0, :]`` (uint64).
@@ -194,18 +210,10 @@ def fill_words(keys, per_row_key, domain, inputs, r0, r1, out) -> None:
     by_row = inputs.shape[0] == 0
     nblocks = out.shape[1] // BLOCK_WORDS
     total = (r1 - r0) * nblocks
-    state = np.empty((16, LANES), dtype=np.uint32)
+    state = _lane_states(keys[0], domain)
     x = np.empty((16, LANES), dtype=np.uint32)
     lane_row = np.zeros(LANES, dtype=np.int64)
     lane_blk = np.zeros(LANES, dtype=np.int64)
-    for l in range(LANES):
-        state[0, l] = np.uint32(0x61707865)
-        state[1, l] = np.uint32(0x3320646E)
-        state[2, l] = np.uint32(0x79622D32)
-        state[3, l] = np.uint32(0x6B206574)
-        state[13, l] = np.uint32(domain)
-        for j in range(KEY_WORDS):
-            state[4 + j, l] = keys[0, j]
     row, blk = 0, 0  # (row - r0, block) of the next block to schedule
     for g0 in range(0, total, LANES):
         m = min(LANES, total - g0)
@@ -247,16 +255,9 @@ def fill_run(key, domain, a, w0, out) -> None:
     if b1 > (1 << 32):
         raise ValueError("a stream holds at most 2^32 blocks (256 GiB)")
     aa = np.uint64(a)
-    state = np.empty((16, LANES), dtype=np.uint32)
+    state = _lane_states(key, domain)
     x = np.empty((16, LANES), dtype=np.uint32)
     for l in range(LANES):
-        state[0, l] = np.uint32(0x61707865)
-        state[1, l] = np.uint32(0x3320646E)
-        state[2, l] = np.uint32(0x79622D32)
-        state[3, l] = np.uint32(0x6B206574)
-        for j in range(KEY_WORDS):
-            state[4 + j, l] = key[j]
-        state[13, l] = np.uint32(domain)
         state[14, l] = np.uint32(aa & np.uint64(0xFFFFFFFF))
         state[15, l] = np.uint32(aa >> np.uint64(32))
     for g in range(b0, b1, LANES):

@@ -328,7 +328,7 @@ def _she_bern_inv(kk: int, bits: _SheBits) -> bool:
 
 
 def _she_bern_exp(g: int, t_bits: int, bits: _SheBits) -> bool:
-    """Bernoulli(exp(-g / 2^t_bits)), Canonne-Kamath-Steinke Alg. 1."""
+    """Bernoulli(exp(-g / 2^t_bits)), Canonne, Kamath & Steinke, NeurIPS 2020, Alg. 1."""
     kk = 1
     while (kk == 1 or _she_bern_inv(kk, bits)) and _she_bern_frac(g, t_bits, bits):
         kk += 1
@@ -336,7 +336,7 @@ def _she_bern_exp(g: int, t_bits: int, bits: _SheBits) -> bool:
 
 
 def _she_discrete_laplace(s: int, t_bits: int, vcap: int, bits: _SheBits) -> int:
-    """Canonne-Kamath-Steinke Alg. 2 with ``V`` stopped at ``vcap``."""
+    """Canonne, Kamath & Steinke, NeurIPS 2020, Alg. 2, with ``V`` stopped at ``vcap``."""
     t = 1 << t_bits
     while True:
         u = bits(t_bits)

@@ -1,5 +1,6 @@
-"""Subset selection: the ω-subset mechanism SS (ω-SM; Wang et al. 2016, Ye & Barg 2018),
-seed 003 §3.1.5 (Eq. 48, Alg. 2, Eq. 49).
+"""Subset selection: the ω-subset mechanism SS (ω-SM; Wang et al., arXiv:1607.08025, 2016; Ye &
+Barg, IEEE Trans. Inf. Theory 2018), as described in Wang et al., Sensors 2020, §3.1.5 (Eq. 48,
+Alg. 2, Eq. 49).
 
 A report is a subset ``z`` of ``[0, k)`` with exactly ``ω`` elements: the true value is in it
 w.p. ``ps = ω e^ε / (ω e^ε + k - ω)``, the other elements are uniform without replacement
@@ -23,21 +24,22 @@ from typing import ClassVar
 import numpy as np
 
 from . import kernels
-from .base import SingleShotPure, check_domain, check_eps
-from .direct import _int_dtype
+from .base import SingleShot, SingleShotPure, uint_dtype
 from .errors import InvalidReports, LDPError
 from .randomness import noise_key
+from .unary import check_bit_padding, packed_bit
 
 LAYOUTS = ("auto", "bits", "indices")
 
 
 def ss_optimal_omega(k: int, eps: float) -> int:
-    """Variance-optimal subset size ``ω = max(1, round(k / (e^ε + 1)))`` (Wang et al. 2016)."""
+    """Variance-optimal subset size ``ω = max(1, round(k / (e^ε + 1)))`` (Wang et al., arXiv:1607.08025,
+    2016)."""
     return max(1, int(np.floor(k / (np.exp(eps) + 1.0) + 0.5)))
 
 
 def ss_probabilities(k: int, eps: float, omega: int) -> tuple[float, float]:
-    """``(ps, qs)`` of ω-SM (seed 003, θ_tr and θ_fr before Eq. 49).
+    """``(ps, qs)`` of ω-SM (θ_tr and θ_fr before Eq. 49 of Wang et al., Sensors 2020).
 
     ``ps = ω e^ε / (ω e^ε + k - ω)``; ``qs = ps (ω-1)/(k-1) + (1 - ps) ω/(k-1)``.
     """
@@ -54,8 +56,7 @@ class SS(SingleShotPure):
     name: ClassVar[str] = "SS"
 
     def __init__(self, k: int, eps: float, omega: int | None = None, layout: str = "auto") -> None:
-        self.k = check_domain(k)
-        self.eps = check_eps("eps", eps)
+        SingleShot.__init__(self, k, eps)
         if omega is None:
             omega = ss_optimal_omega(self.k, self.eps)
         if isinstance(omega, bool) or int(omega) != omega or not 1 <= omega <= self.k - 1:
@@ -64,7 +65,7 @@ class SS(SingleShotPure):
         if layout not in LAYOUTS:
             raise LDPError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
         if layout == "auto":
-            small = self.omega * _int_dtype(self.k).itemsize < (self.k + 7) // 8
+            small = self.omega * uint_dtype(self.k).itemsize < (self.k + 7) // 8
             layout = "indices" if small else "bits"
         self.layout = layout
         self.p, self.q = ss_probabilities(self.k, self.eps, self.omega)
@@ -94,7 +95,7 @@ class SS(SingleShotPure):
     # ---------------------------------------------------------------- wire codec
     @property
     def report_dtype(self) -> np.dtype:
-        return np.dtype(np.uint8) if self.layout == "bits" else _int_dtype(self.k)
+        return np.dtype(np.uint8) if self.layout == "bits" else uint_dtype(self.k)
 
     @property
     def report_shape(self) -> tuple[int, ...]:
@@ -116,9 +117,7 @@ class SS(SingleShotPure):
         if not r.size:
             return
         if self.layout == "bits":
-            pad = (-self.k) % 8
-            if pad and (r[:, -1] >> np.uint8(8 - pad)).any():
-                raise InvalidReports(f"SS report sets bits beyond the domain size {self.k}")
+            check_bit_padding(r, self.k, "SS report")
             sizes = np.bitwise_count(r).sum(axis=1, dtype=np.int64)
             if (sizes != self.omega).any():
                 bad = int(sizes[sizes != self.omega][0])
@@ -131,7 +130,8 @@ class SS(SingleShotPure):
 
     # ---------------------------------------------------------------- server side
     def support(self, reports: np.ndarray) -> np.ndarray:
-        """``C(v)`` = number of reported subsets containing ``v`` (seed 003, before Eq. 49)."""
+        """``C(v)`` = number of reported subsets containing ``v`` (Wang et al., Sensors 2020, before
+        Eq. 49)."""
         r = self._check_array(reports)
         self.validate_reports(r)
         r = np.ascontiguousarray(r)
@@ -143,7 +143,5 @@ class SS(SingleShotPure):
         """``v1 ∈ z`` and ``v2 ∉ z``: probability ratio exactly ``e^{eps_first}``."""
         r = np.asarray(reports)
         if self.layout == "bits":
-            b1 = (r[:, v1 >> 3] >> np.uint8(v1 & 7)) & 1
-            b2 = (r[:, v2 >> 3] >> np.uint8(v2 & 7)) & 1
-            return (b1 == 1) & (b2 == 0)
+            return (packed_bit(r, v1) == 1) & (packed_bit(r, v2) == 0)
         return (r == v1).any(axis=1) & ~(r == v2).any(axis=1)

@@ -1,5 +1,6 @@
-"""Unary encoding: SUE (basic one-time RAPPOR), OUE (seed 000 §2.2.2) and the four
-memoized chains L-OUE, L-SUE (basic RAPPOR), L-OSUE and L-SOUE (seed 000 §4.3)."""
+"""Unary encoding: SUE (basic one-time RAPPOR, Erlingsson, Pihur & Korolova, CCS 2014), OUE (Wang
+et al., USENIX Security 2017), both as in Arcolezi et al., DCN 2022, §2.2.2, and the four memoized
+chains L-OUE, L-SUE (basic RAPPOR), L-OSUE and L-SOUE (Arcolezi et al., DCN 2022, §4.3)."""
 from __future__ import annotations
 
 from typing import ClassVar
@@ -7,31 +8,40 @@ from typing import ClassVar
 import numpy as np
 
 from . import kernels
-from .randomness import KEY_WORDS, noise_key, quantize32, threshold32
-from .base import SingleShotPure, check_domain, check_eps
+from .base import SingleShot, SingleShotPure, check_domain
 from .errors import InvalidReports
+from .kernels import NO_KEYS, NO_SEEN, UE_NO_IRR
 from .longitudinal import NO_NOISE_KEY, Rounds, TwoRoundProtocol, oue_irr, sue_irr, ue_chain_eps_first, ue_eps
 from .memo import MemoState
-
-_NO_KEYS = np.zeros((0, KEY_WORDS), dtype=np.uint32)
-_NO_SEEN = np.zeros((0, 0), dtype=np.uint8)
+from .randomness import noise_key, quantize32, threshold32
 
 
 def sue_probabilities(eps: float) -> tuple[float, float]:
-    """SUE: ``p = e^{ε/2} / (e^{ε/2} + 1)``, ``q = 1 - p`` (seed 000 Eq. 5), on the 2^-32 grid."""
+    """SUE: ``p = e^{ε/2} / (e^{ε/2} + 1)``, ``q = 1 - p`` (Arcolezi et al., DCN 2022, §2.2.2; Var*
+    Eq. 5), on the 2^-32 grid."""
     h = np.exp(eps / 2)
     return quantize32(h / (h + 1)), quantize32(1 / (h + 1))
 
 
 def oue_probabilities(eps: float) -> tuple[float, float]:
-    """OUE: ``p = 1/2``, ``q = 1 / (e^ε + 1)`` (seed 000 Eq. 6), on the 2^-32 grid."""
+    """OUE: ``p = 1/2``, ``q = 1 / (e^ε + 1)`` (Arcolezi et al., DCN 2022, §2.2.2; Var* Eq. 6), on
+    the 2^-32 grid."""
     return 0.5, quantize32(1 / (np.exp(eps) + 1))
 
 
-_SINGLE_ROUND = (np.uint64(1 << 32), np.uint64(0))
+def packed_bit(reports: np.ndarray, v: int) -> np.ndarray:
+    """Bit ``v`` of every row of ``uint8 (n, ceil(k/8))`` packed little-endian bit vectors (0 or 1)."""
+    return (np.asarray(reports)[:, v >> 3] >> np.uint8(v & 7)) & 1
 
 
-class _UnaryReports:
+def check_bit_padding(reports: np.ndarray, k: int, what: str = "report") -> None:
+    """Raise :class:`InvalidReports` if a packed row sets one of the pad bits beyond ``k``."""
+    pad = (-k) % 8
+    if pad and reports.size and (reports[:, -1] >> np.uint8(8 - pad)).any():
+        raise InvalidReports(f"{what} sets bits beyond the domain size {k}")
+
+
+class UnaryReports:
     """Reports are k-bit vectors packed little-endian into ``uint8 (n, ceil(k/8))``."""
 
     k: int
@@ -45,9 +55,7 @@ class _UnaryReports:
         return ((self.k + 7) // 8,)
 
     def validate_reports(self, reports: np.ndarray) -> None:
-        pad = (-self.k) % 8
-        if pad and reports.size and (reports[:, -1] >> np.uint8(8 - pad)).any():
-            raise InvalidReports(f"report sets bits beyond the domain size {self.k}")
+        check_bit_padding(reports, self.k)
 
     def support(self, reports: np.ndarray) -> np.ndarray:
         r = np.asarray(reports)
@@ -58,36 +66,31 @@ class _UnaryReports:
         return kernels.packed_bit_counts(np.ascontiguousarray(r), self.k)
 
     def audit_event(self, reports: np.ndarray, v1: int, v2: int) -> np.ndarray:
-        r = np.asarray(reports)
-        b1 = (r[:, v1 >> 3] >> np.uint8(v1 & 7)) & 1
-        b2 = (r[:, v2 >> 3] >> np.uint8(v2 & 7)) & 1
-        return (b1 == 1) & (b2 == 0)
+        return (packed_bit(reports, v1) == 1) & (packed_bit(reports, v2) == 0)
 
 
-class UnaryEncoding(_UnaryReports, SingleShotPure):
+class UnaryEncoding(UnaryReports, SingleShotPure):
     """Single-shot unary encoding with bit probabilities ``(p, q)``."""
 
     def __init__(self, k: int, eps: float) -> None:
-        self.k = check_domain(k)
-        self.eps = check_eps("eps", eps)
+        SingleShot.__init__(self, k, eps)
         self.p, self.q = self._probabilities(self.eps)
 
     @staticmethod
     def _probabilities(eps: float) -> tuple[float, float]:
         raise NotImplementedError
 
-    def params(self) -> dict:
-        return {"protocol": self.name, "k": self.k, "eps": self.eps}
-
     @property
     def eps_first(self) -> float:
+        """UE ratio ``ln(p(1-q) / ((1-p) q))``: the worst case for independent bits (Wang et al.,
+        Sensors 2020, Eq. 24)."""
         return ue_eps(self.p, self.q)
 
     def randomize(self, values, rng=None, state=None):
         v = self.check_values(values)
         self._state_for(state, v.shape[0])
-        return kernels.ue_chain_randomize(v, _NO_KEYS, False, _NO_SEEN, noise_key(rng),
-                                          threshold32(self.p), threshold32(self.q), *_SINGLE_ROUND, self.k)
+        return kernels.ue_chain_randomize(v, NO_KEYS, False, NO_SEEN, noise_key(rng),
+                                          threshold32(self.p), threshold32(self.q), *UE_NO_IRR, self.k)
 
 
 class SUE(UnaryEncoding):
@@ -100,7 +103,7 @@ class OUE(UnaryEncoding):
     _probabilities = staticmethod(oue_probabilities)
 
 
-class LongitudinalUE(_UnaryReports, TwoRoundProtocol):
+class LongitudinalUE(UnaryReports, TwoRoundProtocol):
     """A memoized UE chain; ``prr`` and ``irr`` name the round shapes ("OUE" or "SUE")."""
 
     prr: ClassVar[str]
@@ -128,8 +131,9 @@ class LongitudinalUE(_UnaryReports, TwoRoundProtocol):
                irr: bool) -> np.ndarray:
         """The memoized UE chain for values ``v``: the PRR of ``(key, v)`` (marking ``v`` in
         ``seen``), then with ``irr`` the IRR from the batch noise key ``nkey``; without it the PRR
-        output alone (``t2p = 2^32, t2q = 0`` disables the second round, as for single-shot UE). The one call of the UE-chain kernel for memoized reports."""
-        second = (threshold32(self.p2), threshold32(self.q2)) if irr else _SINGLE_ROUND
+        output alone (:data:`~estimators.kernels.UE_NO_IRR` disables the second round, as for
+        single-shot UE). The one call of the UE-chain kernel for memoized reports."""
+        second = (threshold32(self.p2), threshold32(self.q2)) if irr else UE_NO_IRR
         return kernels.ue_chain_randomize(v, keys, True, seen, NO_NOISE_KEY if nkey is None else nkey,
                                           threshold32(self.p1), threshold32(self.q1), *second, self.k)
 
@@ -159,7 +163,7 @@ class LSUE(LongitudinalUE):
 
 
 class LOSUE(LongitudinalUE):
-    """OUE then SUE (L-OSUE, the optimized chain of seed 000)."""
+    """OUE then SUE (L-OSUE, the optimized chain of Arcolezi et al., DCN 2022, §4.3)."""
     name: ClassVar[str] = "L-OSUE"
     prr, irr = "OUE", "SUE"
 

@@ -1,4 +1,5 @@
-"""Benchmark adapter for the peer library *multi-freq-ldpy* (PyPI ``multi-freq-ldpy==0.2.5``).
+"""Benchmark adapter for the peer library *multi-freq-ldpy* (Arcolezi et al., ESORICS 2022; PyPI
+``multi-freq-ldpy==0.2.5``).
 
 It times the peer's client (randomizer) and aggregator (estimator) for a side-by-side
 benchmark with our own protocols. ``multi_freq_ldpy`` is imported lazily, inside the

@@ -18,8 +18,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from estimators import envelope
-from estimators.campaign import Campaign
+from wire import envelope
+from wire.campaign import Campaign
+from wire.topics import Topics, message_key
 
 
 @dataclass
@@ -86,7 +87,7 @@ async def raw_broker_rate(bootstrap: str, work: Workload, partitions: int = 4) -
             futs = []
             for t, batches in enumerate(work.steps):
                 for blob in batches:
-                    futs.append(await producer.send(topic, blob, key=f"{t}:x".encode()))
+                    futs.append(await producer.send(topic, blob, key=message_key(t, work.attribute)))
             await asyncio.gather(*futs)
 
         sender = asyncio.create_task(send())
@@ -118,18 +119,16 @@ async def pipeline_rate(bootstrap: str, redis_url: str, work: Workload, topic_pr
     every step's final estimate (polling the estimate history the workers write in Redis at the
     moment they publish it on ``ldp.estimates``); ``pace`` caps the send rate (reports/s) to
     measure latency under a sustained load rather than a saturated queue."""
-    import redis.asyncio as aioredis
     from aiokafka import AIOKafkaProducer
 
-    from stream_app.store import estimates_key
+    from stream_app.store import CountStore
 
-    reports_topic = f"{topic_prefix}ldp.reports"
-    hist_key = estimates_key(work.campaign.id, work.attribute)
+    reports_topic = Topics.with_prefix(topic_prefix).reports
     wanted = {envelope.parse(m).t for m in work.watermarks}
     max_bytes = max(len(b) for s in work.steps for b in s) + 1024
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", max_request_size=max(max_bytes, 1 << 20),
                                 linger_ms=5)
-    rds = aioredis.from_url(redis_url)
+    store = CountStore.from_url(redis_url)
     await producer.start()
     marks_sent: dict[int, float] = {}
     finals: dict[int, float] = {}
@@ -141,7 +140,7 @@ async def pipeline_rate(bootstrap: str, redis_url: str, work: Workload, topic_pr
             futs = []
             for batches, mark in zip(work.steps, work.watermarks):
                 t = envelope.parse(mark).t
-                key = f"{t}:{work.attribute}".encode()
+                key = message_key(t, work.attribute)
                 for blob in batches:
                     futs.append(await producer.send(reports_topic, blob, key=key))
                     if pace:
@@ -159,10 +158,9 @@ async def pipeline_rate(bootstrap: str, redis_url: str, work: Workload, topic_pr
         while len(finals) < len(wanted):
             if time.perf_counter() > deadline:
                 raise TimeoutError(f"only {len(finals)} of {len(wanted)} final estimates after {timeout} s")
-            keys = await rds.hkeys(hist_key)
+            final_steps = await store.final_steps(work.campaign.id, work.attribute)
             now = time.perf_counter()
-            for k in keys:
-                t = int(k)
+            for t in final_steps:
                 if t in wanted and t not in finals:
                     finals[t] = now
             await asyncio.sleep(0.01)
@@ -170,7 +168,7 @@ async def pipeline_rate(bootstrap: str, redis_url: str, work: Workload, topic_pr
         end = max(finals.values())
         return PipelineResult(work.reports / (end - t0), [finals[t] - marks_sent[t] for t in sorted(finals)], end - t0)
     finally:
-        await rds.aclose()
+        await store.close()
         await producer.stop()
 
 
@@ -182,8 +180,8 @@ def run_bench(protocol: str, k: int, steps: int, reports_per_step: int, batch: i
     import tempfile
     from pathlib import Path
 
-    from stream_app.stack import LocalStack
-    from stream_app.worker import WorkerProcess
+    from devtools.stack import LocalStack
+    from devtools.workers import WorkerProcess
 
     run = Path(tempfile.mkdtemp(prefix="ldp-bench-"))
     on_status(f"{protocol} k={k}: encoding {steps} x {reports_per_step:,} reports in batches of {batch:,}")

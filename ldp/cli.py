@@ -4,7 +4,7 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import numpy as np
 import typer
@@ -13,7 +13,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 import estimators
+from devtools.stack import CLI_RUN_DIR
 from estimators.errors import LDPError
+from stream_app.settings import setting_specs
 
 from .options import build
 
@@ -91,7 +93,7 @@ def demo(campaign: CAMPAIGN = Path("deploy/campaigns/demo.toml"),
 def simulate(n: Annotated[int, typer.Option(help="Devices in the simulated fleet.")] = 100_000,
          k: K = 50, steps: Annotated[int, typer.Option(help="Time steps.")] = 5,
          eps: EPS = 1.0, eps_inf: EPS_INF = 2.0, eps_1: EPS_1 = 1.0,
-         dataset: Annotated[str, typer.Option(help="uniform, zipf or syn (seed 001's evolving model).")] = "syn",
+         dataset: Annotated[str, typer.Option(help="uniform, zipf or syn (the evolving Syn model of Arcolezi et al., EDBT 2023).")] = "syn",
          p_change: Annotated[float, typer.Option(help="Per-step change probability (syn).")] = 0.25,
          protocol: Annotated[Optional[list[str]], typer.Option("--protocol", "-p", help="Restrict to these protocols.")] = None,
          seed: SEED = 7) -> None:
@@ -124,7 +126,7 @@ def simulate(n: Annotated[int, typer.Option(help="Devices in the simulated fleet
                 sq_err[name].append(np.mean((est - truth) ** 2))
                 last[name] = est
                 bar.advance(task)
-    t = Table(title=f"after {steps} steps (MSE_avg of seed 001 Eq. 7; ε̌_avg of Eq. 8 from the devices' memo state)")
+    t = Table(title=f"after {steps} steps (MSE_avg of Arcolezi et al., EDBT 2023, Eq. 7; ε̌_avg of Eq. 8 from the devices' memo state)")
     for col in ("protocol", "MSE_avg", "Var* (avg over values)", "ε1", "ε∞", "ε̌_avg (measured)", "worst case"):
         t.add_column(col, justify="left" if col == "protocol" else "right")
     for name, p in protos.items():
@@ -326,7 +328,7 @@ def bench_pipeline(steps: Annotated[int, typer.Option(help="Time steps per proto
     rows = []
     for proto, per, params in (("GRR", grr_reports, dict(eps=1.0)), ("L-OSUE", losue_reports, dict(eps_inf=2.0, eps_1=1.0))):
         p = build(proto, k=100, **params)
-        per_report = np.dtype(p.report_dtype).itemsize * int(np.prod(p.report_shape, dtype=np.int64))
+        per_report = p.report_nbytes
         batch = max(1_000, min(per, message_bytes // per_report))
         rows.append(run_bench(proto, 100, steps, per, batch, workers=workers,
                               on_status=lambda s: console.print(f"[dim]{s}[/dim]"), **params))
@@ -380,11 +382,12 @@ def _time_ours(p: estimators.FrequencyProtocol, n: int, repeats: int, seed: int)
 
 
 def _stack_addresses(kafka: str | None, redis_url: str | None, need_redis: bool = True,
-                     run_dir: str = ".run/stack") -> tuple[str, str | None]:
+                     run_dir: str = str(CLI_RUN_DIR)) -> tuple[str, str | None]:
     """Broker and Redis addresses: the options, else those of `ldp stack up`."""
     if kafka and (redis_url or not need_redis):
         return kafka, redis_url
-    from stream_app.stack import LocalStack, StackError
+    from devtools.errors import StackError
+    from devtools.stack import LocalStack
 
     try:
         info = LocalStack.from_run_dir(Path(run_dir)).info
@@ -410,8 +413,8 @@ def produce(campaign: CAMPAIGN = Path("deploy/campaigns/demo.toml"), kafka: KAFK
             partitions: Annotated[int, typer.Option(help="Partitions of ldp.reports if it must be created.")] = 4,
             seed: SIM_SEED = None) -> None:
     """Simulate a device fleet and publish its randomized reports to ldp.reports."""
-    from estimators.campaign import Campaign, CampaignError
     from producers.fleet import FleetConfig, PublishError, publish
+    from wire.campaign import Campaign, CampaignError
 
     bootstrap, _ = _stack_addresses(kafka, None, need_redis=False)
     try:
@@ -438,31 +441,64 @@ def produce(campaign: CAMPAIGN = Path("deploy/campaigns/demo.toml"), kafka: KAFK
         console.print("  " + line)
 
 
+def _setting_option(name: str, **kwargs: Any) -> Any:
+    """The `ldp worker` option of worker setting ``name``: flags, help and variable from stream_app.settings."""
+    spec = setting_specs()[name]
+    default = "" if spec["default"] in (None, "") else f" Default: {spec['default']}."
+    return typer.Option(*spec["option"], help=f"{spec['help']}{default} Environment: {spec['env']}.",
+                        show_default=False, **kwargs)
+
+
 @app.command()
-def worker(campaign: Annotated[list[Path], typer.Option("--campaign", "-c", help="Campaign file (repeatable).",
-                                                          exists=True, dir_okay=False)],
-           kafka: KAFKA = None, redis: REDIS = None,
-           web_port: Annotated[Optional[int], typer.Option(help="HTTP API / metrics port (default: a free one).")] = None,
-           web_bind: Annotated[Optional[str], typer.Option(help="Bind address (0.0.0.0 in containers).")] = None,
-           partitions: Annotated[int, typer.Option(help="Partitions of ldp.reports.")] = 4,
-           refresh: Annotated[float, typer.Option(help="Estimator refresh period (s).")] = 1.0,
-           session_timeout: Annotated[Optional[float], typer.Option(help="Consumer-group session timeout (s).")] = None,
-           app_id: Annotated[str, typer.Option(help="Faust app id (= consumer group).")] = "ldp-stream",
-           loglevel: Annotated[str, typer.Option(help="Log level.")] = "warning") -> None:
-    """Run a stream-app worker: count reports into Redis, publish estimates, serve the API."""
+def worker(campaign_paths: Annotated[Optional[list[Path]], _setting_option("campaign_paths", exists=True,
+                                                                            dir_okay=False)] = None,
+           kafka_bootstrap: Annotated[Optional[str], _setting_option("kafka_bootstrap")] = None,
+           redis_url: Annotated[Optional[str], _setting_option("redis_url")] = None,
+           app_id: Annotated[Optional[str], _setting_option("app_id")] = None,
+           partitions: Annotated[Optional[int], _setting_option("partitions")] = None,
+           topic_prefix: Annotated[Optional[str], _setting_option("topic_prefix")] = None,
+           refresh_seconds: Annotated[Optional[float], _setting_option("refresh_seconds")] = None,
+           session_timeout: Annotated[Optional[float], _setting_option("session_timeout")] = None,
+           web_port: Annotated[Optional[int], _setting_option("web_port")] = None,
+           web_host: Annotated[Optional[str], _setting_option("web_host")] = None,
+           web_bind: Annotated[Optional[str], _setting_option("web_bind")] = None,
+           data_dir: Annotated[Optional[Path], _setting_option("data_dir")] = None,
+           ready_file: Annotated[Optional[Path], _setting_option("ready_file")] = None,
+           loglevel: Annotated[Optional[str], _setting_option("loglevel")] = None,
+           logfile: Annotated[Optional[Path], _setting_option("logfile")] = None,
+           stream_buffer_maxsize: Annotated[Optional[int], _setting_option("stream_buffer_maxsize")] = None,
+           consumer_max_fetch_size: Annotated[Optional[int], _setting_option("consumer_max_fetch_size")] = None,
+           ingest_flush_seconds: Annotated[Optional[float], _setting_option("ingest_flush_seconds")] = None,
+           ingest_max_reports: Annotated[Optional[int], _setting_option("ingest_max_reports")] = None) -> None:
+    """Run a stream-app worker: count reports into Redis, publish estimates, serve the API.
+
+    Each option falls back to its environment variable, then to its default (stream_app.settings);
+    --kafka and --redis, given by neither, to the addresses of `ldp stack up`."""
+    given = dict(locals())  # the parameters are named after the WorkerSettings fields
+    from stream_app.settings import SettingsError, WorkerSettings
     from stream_app.worker import run_worker
 
-    bootstrap, redis_url = _stack_addresses(kafka, redis)
-    run_worker(list(campaign), bootstrap, redis_url, web_port, loglevel, app_id=app_id, partitions=partitions,
-               refresh_seconds=refresh, session_timeout=session_timeout, web_bind=web_bind)
+    try:
+        values = WorkerSettings.merge(given)
+        if "campaign_paths" in values and not {"kafka_bootstrap", "redis_url"} <= values.keys():
+            values["kafka_bootstrap"], values["redis_url"] = _stack_addresses(values.get("kafka_bootstrap"),
+                                                                              values.get("redis_url"))
+        settings = WorkerSettings.from_values(values)
+    except SettingsError as exc:
+        _fail(exc)
+    missing = [str(p) for p in settings.campaign_paths if not p.is_file()]
+    if missing:
+        _fail(LDPError(f"campaign file(s) not found: {', '.join(missing)}"))
+    run_worker(settings)
 
 
 @stack_app.command("up")
-def stack_up(run_dir: RUN_DIR = ".run/stack",
+def stack_up(run_dir: RUN_DIR = str(CLI_RUN_DIR),
              kafka_port: Annotated[Optional[int], typer.Option(help="Broker port (default: a free one).")] = None,
              redis_port: Annotated[Optional[int], typer.Option(help="Redis port (default: a free one).")] = None) -> None:
     """Start the broker and Redis in the background; `ldp stack down` stops them."""
-    from stream_app.stack import LocalStack, StackError
+    from devtools.errors import StackError
+    from devtools.stack import LocalStack
 
     try:
         with console.status("starting tansu and redis-server ..."):
@@ -473,9 +509,10 @@ def stack_up(run_dir: RUN_DIR = ".run/stack",
 
 
 @stack_app.command("down")
-def stack_down(run_dir: RUN_DIR = ".run/stack") -> None:
+def stack_down(run_dir: RUN_DIR = str(CLI_RUN_DIR)) -> None:
     """Stop the broker and Redis started by `ldp stack up`."""
-    from stream_app.stack import LocalStack, StackError
+    from devtools.errors import StackError
+    from devtools.stack import LocalStack
 
     try:
         LocalStack.from_run_dir(Path(run_dir)).down()
@@ -485,11 +522,12 @@ def stack_down(run_dir: RUN_DIR = ".run/stack") -> None:
 
 
 @stack_app.command("status")
-def stack_status(run_dir: RUN_DIR = ".run/stack") -> None:
+def stack_status(run_dir: RUN_DIR = str(CLI_RUN_DIR)) -> None:
     """Show whether the broker and Redis run and answer."""
     import json
 
-    from stream_app.stack import LocalStack, StackError
+    from devtools.errors import StackError
+    from devtools.stack import LocalStack
 
     try:
         st = LocalStack.from_run_dir(Path(run_dir)).status()

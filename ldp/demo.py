@@ -1,7 +1,8 @@
 """`ldp demo`: the whole pipeline on the embedded local stack, with a live terminal view.
 
 Stack up (tansu + redis-server on free ports) → stream-app workers (separate processes) → a
-simulated fleet publishing one step at a time (reports, then a watermark per attribute) → the
+simulated fleet publishing one step at a time through :func:`producers.fleet.publish` (reports,
+then a watermark per attribute; its ``on_step`` hook paces the steps and draws the view) → the
 final estimates read back from a worker's HTTP API and shown next to the true histograms,
 with the privacy figures. Everything is stopped on exit or Ctrl-C.
 """
@@ -22,9 +23,9 @@ from rich.live import Live
 from rich.panel import Panel
 from rich.table import Table
 
-from estimators import envelope
-from estimators.campaign import Campaign
-from producers.fleet import Fleet, FleetConfig
+from producers.fleet import Fleet, FleetConfig, FleetSummary, publish
+from wire.campaign import Campaign
+from wire.topics import REPORTS_TOPIC
 
 
 def _get(url: str) -> Any:
@@ -33,21 +34,6 @@ def _get(url: str) -> Any:
             return json.loads(r.read())
     except (urllib.error.URLError, OSError, ValueError):
         return None
-
-
-async def _send_step(producer, topic: str, campaign: Campaign, t: int, data: dict, batch: int) -> int:
-    """Publish one step: every attribute's reports in batches, then its watermark."""
-    nbytes = 0
-    for attr, d in data.items():
-        key = f"{t}:{attr}".encode()
-        futs = []
-        for lo in range(0, d.n, batch):
-            blob = envelope.pack_reports(campaign, attr, t, d.reports[lo:lo + batch])
-            nbytes += len(blob)
-            futs.append(await producer.send(topic, blob, key=key))
-        await asyncio.gather(*futs)
-        await producer.send_and_wait(topic, envelope.pack_watermark(campaign, attr, t), key=key)
-    return nbytes
 
 
 def _view(campaign: Campaign, truth: dict, finals: dict, header: str, top: int) -> Group:
@@ -76,10 +62,8 @@ def _view(campaign: Campaign, truth: dict, finals: dict, header: str, top: int) 
 
 def run_demo(campaign_path: Path, devices: int, steps: int, workers: int, batch: int, step_seconds: float,
              seed: int | None, top: int, console: Console) -> int:
-    from aiokafka import AIOKafkaProducer
-
-    from stream_app.stack import LocalStack
-    from stream_app.worker import WorkerProcess
+    from devtools.stack import LocalStack
+    from devtools.workers import WorkerProcess
 
     campaign = Campaign.load(campaign_path)
     run = Path(tempfile.mkdtemp(prefix="ldp-demo-"))
@@ -100,35 +84,29 @@ def run_demo(campaign_path: Path, devices: int, steps: int, workers: int, batch:
                                   batch_size=batch, seed=seed))
         truth: dict[tuple[str, int], np.ndarray] = {}
         finals: dict[tuple[str, int], dict] = {}
-        sent = 0
 
         async def main(live: Live) -> None:
-            nonlocal sent
-            producer = AIOKafkaProducer(bootstrap_servers=info.kafka_bootstrap, acks="all",
-                                        max_request_size=64 << 20, linger_ms=5)
-            await producer.start()
             t0 = time.perf_counter()
-            try:
-                for t in range(steps):
-                    data = fleet.step(t)
-                    for attr, d in data.items():
-                        truth[(attr, t)] = d.true_frequencies
-                    await _send_step(producer, "ldp.reports", campaign, t, data, batch)
-                    sent += sum(d.n for d in data.values())
-                    step_end = time.perf_counter() + step_seconds
-                    while time.perf_counter() < step_end or any((a, t) not in finals for a in campaign.attributes):
-                        for attr in campaign.attributes:
-                            hist = _get(f"{urls[0]}/estimates/{campaign.id}/{attr}/history") or {}
-                            for doc in hist.get("estimates", []):
-                                finals[(attr, int(doc["t"]))] = doc
-                        rate = sent / (time.perf_counter() - t0)
-                        header = (f"[bold]ldp-stream demo[/bold] — campaign {campaign.id}: {devices:,} devices, "
-                                  f"step {t + 1}/{steps}, {sent:,} reports sent ({rate / 1e6:.2f}M/s), "
-                                  f"{len(finals)} final estimates")
-                        live.update(_view(campaign, truth, finals, header, top))
-                        await asyncio.sleep(0.25)
-            finally:
-                await producer.stop()
+
+            async def after_step(t: int, summary: FleetSummary) -> None:
+                """Step ``t`` is acknowledged: show the estimates until its finals are in and the step is over."""
+                for attr in campaign.attributes:
+                    truth[(attr, t)] = summary.per_step[(attr, t)]["true_frequencies"]
+                sent = summary.reports_sent
+                step_end = time.perf_counter() + step_seconds
+                while time.perf_counter() < step_end or any((a, t) not in finals for a in campaign.attributes):
+                    for attr in campaign.attributes:
+                        hist = _get(f"{urls[0]}/estimates/{campaign.id}/{attr}/history") or {}
+                        for doc in hist.get("estimates", []):
+                            finals[(attr, int(doc["t"]))] = doc
+                    rate = sent / (time.perf_counter() - t0)
+                    header = (f"[bold]ldp-stream demo[/bold] — campaign {campaign.id}: {devices:,} devices, "
+                              f"step {t + 1}/{steps}, {sent:,} reports sent ({rate / 1e6:.2f}M/s), "
+                              f"{len(finals)} final estimates")
+                    live.update(_view(campaign, truth, finals, header, top))
+                    await asyncio.sleep(0.25)
+
+            await publish(fleet, info.kafka_bootstrap, REPORTS_TOPIC, on_step=after_step)
 
         with Live(console=console, refresh_per_second=4, transient=False) as live:
             asyncio.run(main(live))

@@ -10,8 +10,8 @@ from estimators.registry import parameters
 def build(name: str, **options: Any) -> estimators.FrequencyProtocol:
     """``estimators.make(name, ...)`` with the options the protocol takes; ``None`` means default.
 
-    dBitFlipPM gets ``b = k`` buckets unless ``b`` is given (seed 001 §5.1 uses ``b = k`` for
-    Syn) and ``d = 1`` sampled bucket (its most private setting), and its ε is the ε∞ of the
+    dBitFlipPM gets ``b = k`` buckets unless ``b`` is given (Arcolezi et al., EDBT 2023, §5.2, use
+    ``b = k`` for Syn) and ``d = 1`` sampled bucket (its most private setting), and its ε is the ε∞ of the
     longitudinal options.
     """
     takes = parameters(name)

@@ -3,9 +3,9 @@
 * ``uniform``: every step, each device holds a uniform value.
 * ``zipf``: values follow a Zipf law (exponent ``s``) over the domain, through a random
   permutation of ranks fixed for the population.
-* ``syn``: seed 001's Syn model (§5.1): the first value is uniform; at each later step a
-  device changes its value with probability ``p_change``, drawing the new value from the base
-  distribution (uniform in the paper; any of the above here).
+* ``syn``: the Syn model of Arcolezi et al., EDBT 2023, §5.1: the first value is uniform; at
+  each later step a device changes its value with probability ``p_change`` (0.25 in the paper),
+  drawing the new value from the base distribution (uniform in the paper; any of the above here).
 
 Populations are vectorized: one call advances millions of devices.
 """

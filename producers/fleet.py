@@ -6,9 +6,11 @@ values) and one :class:`~estimators.MemoState` (row ``i`` = device ``i``'s memo)
 randomizes every device's value of every attribute with the protocol's numba kernel.
 
 :func:`publish` sends each step to Kafka: per ``(t, attribute)`` the reports are cut into
-batches of ``batch_size`` (one batch envelope = one Kafka message, key ``b"{t}:{attr}"``),
-followed by a watermark envelope with the same key, hence in the same partition and after
-the batches. Sends are pipelined (a bounded window of un-acked futures, ``acks="all"``).
+batches of ``batch_size`` (one batch envelope = one Kafka message, key
+:func:`wire.topics.message_key`), followed by a watermark envelope with the same key, hence in
+the same partition and after the batches. Sends are pipelined (a bounded window of un-acked
+futures, ``acks="all"``); an ``on_step`` hook runs once each step is acknowledged (the demo
+paces its steps and draws its live view there).
 
 Randomness: by default (``seed=None``) the fleet is private like real devices: memo keys and
 the noise of every batch are 256-bit keys from the OS CSPRNG (:mod:`estimators.randomness`);
@@ -50,11 +52,12 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from estimators import MemoState
-from estimators.base import FrequencyProtocol
-from estimators.campaign import Campaign
-from estimators.envelope import pack_reports, pack_watermark
+from estimators.base import FrequencyProtocol, uint_dtype
 from estimators.errors import LDPError
 from estimators.fileio import atomic_write, fsync_dir
+from wire.campaign import Campaign
+from wire.envelope import pack_reports, pack_watermark
+from wire.topics import REPORTS_TOPIC, message_key
 
 from .datasets import KINDS, EvolvingPopulation
 
@@ -182,21 +185,12 @@ def _attr_tag(name: str) -> int:
     return zlib.crc32(name.encode())
 
 
-def _value_dtype(k: int) -> np.dtype:
-    return np.dtype(np.uint8 if k <= 1 << 8 else np.uint16 if k <= 1 << 16 else np.uint32)
-
-
 def true_frequencies(proto: FrequencyProtocol, values: np.ndarray) -> np.ndarray:
     """Histogram of true values over the protocol's estimated domain (buckets for dBitFlipPM)."""
     v = values
     if proto.domain_size != proto.k and hasattr(proto, "bucket"):
         v = proto.bucket(values)
     return np.bincount(v, minlength=proto.domain_size).astype(np.float64) / max(len(v), 1)
-
-
-def report_nbytes(proto: FrequencyProtocol) -> int:
-    """Bytes of one encoded report."""
-    return int(np.dtype(proto.report_dtype).itemsize * int(np.prod(proto.report_shape, dtype=np.int64)))
 
 
 # --------------------------------------------------------------------------- the fleet
@@ -318,7 +312,7 @@ class Fleet:
                 vals = self.populations[attr].values
                 if vals is not None:
                     with open(tmp / f"{attr}.values.npy", "wb") as f:
-                        np.save(f, vals.astype(_value_dtype(self.proto(attr).k)))
+                        np.save(f, vals.astype(uint_dtype(self.proto(attr).k)))
                         f.flush()
                         os.fsync(f.fileno())
             fsync_dir(tmp)
@@ -398,18 +392,29 @@ async def ensure_topic(bootstrap: str, topic: str, partitions: int) -> bool:
 
 
 ProgressHook = Callable[[Progress], Any]
+StepHook = Callable[[int, "FleetSummary"], Any]
 
 
-async def publish(fleet_or_config: Fleet | FleetConfig, bootstrap: str, topic: str = "ldp.reports", *,
-                  on_progress: ProgressHook | None = None, keep_supports: bool = True,
-                  partitions: int | None = None, window_bytes: int = 64 << 20,
+async def _call(hook: Callable[..., Any], *args: Any) -> None:
+    """Call a plain or coroutine function."""
+    res = hook(*args)
+    if asyncio.iscoroutine(res):
+        await res
+
+
+async def publish(fleet_or_config: Fleet | FleetConfig, bootstrap: str, topic: str = REPORTS_TOPIC, *,
+                  on_progress: ProgressHook | None = None, on_step: StepHook | None = None,
+                  keep_supports: bool = True, partitions: int | None = None, window_bytes: int = 64 << 20,
                   window_messages: int = 256, linger_ms: int = 5,
                   producer_options: dict[str, Any] | None = None) -> FleetSummary:
     """Simulate and send every step of the fleet; returns what was sent.
 
     ``partitions``: create ``topic`` with that many partitions first if it does not exist.
     At most ``window_bytes`` / ``window_messages`` are awaiting acknowledgement at a time.
-    ``on_progress`` may be a plain function or a coroutine function.
+    ``on_step(t, summary)`` runs once every batch and watermark of step ``t`` is acknowledged
+    (``summary.per_step`` then holds the step's supports and true frequencies if
+    ``keep_supports``); the next step is sent only after it returns. ``on_progress`` and
+    ``on_step`` may be plain functions or coroutine functions.
     """
     from aiokafka import AIOKafkaProducer
     from aiokafka.errors import KafkaError
@@ -418,7 +423,7 @@ async def publish(fleet_or_config: Fleet | FleetConfig, bootstrap: str, topic: s
     cfg = fleet.config
     campaign = fleet.campaign
     steps = list(fleet.step_range)
-    max_msg = max(report_nbytes(fleet.proto(a)) for a in fleet.attributes) * cfg.batch_size + _ENVELOPE_OVERHEAD
+    max_msg = max(fleet.proto(a).report_nbytes for a in fleet.attributes) * cfg.batch_size + _ENVELOPE_OVERHEAD
     if partitions is not None:
         await ensure_topic(bootstrap, topic, partitions)
     options = dict(bootstrap_servers=bootstrap, acks="all", linger_ms=linger_ms, compression_type=None,
@@ -448,12 +453,9 @@ async def publish(fleet_or_config: Fleet | FleetConfig, bootstrap: str, topic: s
             inflight_bytes -= size
 
     async def report(t: int, attr: str, i: int) -> None:
-        if on_progress is None:
-            return
-        res = on_progress(Progress(t, attr, i, len(steps), summary.reports_sent, total, summary.batches,
-                                   summary.bytes_sent, time.perf_counter() - start))
-        if asyncio.iscoroutine(res):
-            await res
+        if on_progress is not None:
+            await _call(on_progress, Progress(t, attr, i, len(steps), summary.reports_sent, total, summary.batches,
+                                              summary.bytes_sent, time.perf_counter() - start))
 
     async def send(key: bytes, blob: bytes) -> None:
         nonlocal inflight_bytes
@@ -485,7 +487,7 @@ async def publish(fleet_or_config: Fleet | FleetConfig, bootstrap: str, topic: s
             ahead = None
             if j + 1 < len(items) and (cfg.state_dir is None or items[j + 1][1] == t):
                 ahead = compute(j + 1)
-            key = f"{t}:{attr}".encode()
+            key = message_key(t, attr)
             for lo in range(0, data.n, cfg.batch_size):
                 chunk = data.reports[lo:lo + cfg.batch_size]
                 await send(key, pack_reports(campaign, attr, t, chunk))
@@ -504,10 +506,13 @@ async def publish(fleet_or_config: Fleet | FleetConfig, bootstrap: str, topic: s
             del data
             if attr == fleet.attributes[-1]:  # end of step t
                 fleet.next_step = t + 1
-                if cfg.state_dir is not None:
+                if cfg.state_dir is not None or on_step is not None:
                     await drain(-1, -1)  # the whole step is acknowledged ...
+                if cfg.state_dir is not None:
                     fleet.commit(t)      # ... before its memo state is committed
                 await report(t, attr, i)
+                if on_step is not None:
+                    await _call(on_step, t, summary)
         await drain(-1, -1)
     finally:
         if ahead is not None:
@@ -519,7 +524,7 @@ async def publish(fleet_or_config: Fleet | FleetConfig, bootstrap: str, topic: s
     return summary
 
 
-def publish_sync(fleet_or_config: Fleet | FleetConfig, bootstrap: str, topic: str = "ldp.reports",
+def publish_sync(fleet_or_config: Fleet | FleetConfig, bootstrap: str, topic: str = REPORTS_TOPIC,
                  **kwargs: Any) -> FleetSummary:
     """:func:`publish` from synchronous code."""
     return asyncio.run(publish(fleet_or_config, bootstrap, topic, **kwargs))

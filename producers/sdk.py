@@ -86,20 +86,20 @@ start at its memoized count, and until a memoizing attribute has reported once u
 has no last value to freeze to, so such an attribute is refused (:class:`BudgetExceeded`) rather
 than frozen if its very next value needs a memoization it cannot afford.
 
-The report object matches the stream app's ``POST /reports`` endpoint::
+The report object is the single-report JSON of :mod:`wire.single_report`, what the stream
+app's ``POST /reports`` endpoint decodes::
 
     {"campaign": "...", "attribute": "...", "t": 7, "payload": base64(proto.encode(reports))}
 
-``t`` defaults to the current time step ``floor(unix_time / campaign.time_step_seconds)``.
+``t`` defaults to the current time step :func:`wire.campaign.step_at`,
+``floor(unix_time / campaign.time_step_seconds)``.
 """
 from __future__ import annotations
 
-import base64
 import dataclasses
 import fcntl
 import json
 import os
-import time
 import urllib.error
 import urllib.request
 from contextlib import contextmanager
@@ -110,9 +110,10 @@ import numpy as np
 
 from estimators import MemoState
 from estimators.base import FrequencyProtocol
-from estimators.campaign import Campaign
 from estimators.errors import InvalidState, LDPError
 from estimators.fileio import atomic_write
+from wire.campaign import Campaign, step_at
+from wire.single_report import check_step, encode_single_report
 
 __all__ = ["Device", "BudgetExceeded", "IngestError", "DeviceStateError"]
 
@@ -409,7 +410,8 @@ class Device:
 
     # ------------------------------------------------------------------ reporting
     def current_step(self) -> int:
-        return int(time.time() // self.campaign.time_step_seconds)
+        """The time step of the current time (:func:`wire.campaign.step_at`)."""
+        return step_at(self.campaign)
 
     def randomize(self, attribute: str, value: int) -> np.ndarray:
         """Randomize one value (reports array of one row), enforcing and recording the budget.
@@ -474,14 +476,11 @@ class Device:
         return reports
 
     def report(self, attribute: str, value: int, t: int | None = None) -> dict[str, Any]:
-        """The JSON object of one randomized report, as accepted by ``POST /reports``."""
-        proto = self.campaign.attribute(attribute).protocol
-        step = self.current_step() if t is None else int(t)
-        if step < 0:
-            raise LDPError(f"time step must be >= 0, got {step}")
+        """The JSON object of one randomized report (:func:`wire.single_report.encode_single_report`)."""
+        self.campaign.attribute(attribute)  # an unknown attribute fails before anything is spent
+        step = check_step(self.current_step() if t is None else t)
         reports = self.randomize(attribute, value)
-        return {"campaign": self.campaign.id, "attribute": attribute, "t": step,
-                "payload": base64.b64encode(proto.encode(reports)).decode("ascii")}
+        return encode_single_report(self.campaign, attribute, step, reports)
 
     def send(self, attribute: str, value: int, t: int | None = None) -> dict[str, Any]:
         """Randomize and POST one report to :attr:`ingest_url`; returns the endpoint's JSON reply."""

@@ -14,7 +14,8 @@ Routes (JSON unless said otherwise):
        "payload": "<base64 of proto.encode(one-row report array)>",
        "protocol": "L-GRR", "fingerprint": "15aadc3a8fac7208"}         # optional, checked if present
 
-  ``t`` defaults to ``floor(now / time_step_seconds)``. Every object is validated like a batch
+  ``t`` defaults to ``floor(now / time_step_seconds)``. Every object is decoded by
+  :func:`wire.single_report.decode_single_report` and validated like a batch
   (campaign, attribute, protocol and fingerprint if given, the payload must decode to exactly one
   report); the request is all-or-nothing: any bad object gives HTTP 400 with the reasons, a record
   per bad object on ``ldp.rejected`` and the rejection metric, and nothing of the request is
@@ -25,83 +26,40 @@ Routes (JSON unless said otherwise):
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
-import json
 import logging
 import math
 import time
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, Mapping
 
 import faust
 import numpy as np
 
-from estimators import envelope
-from estimators.campaign import Campaign
-from estimators.envelope import EnvelopeError
+from wire import envelope
+from wire.campaign import Campaign
+from wire.errors import EnvelopeError
+from wire.single_report import SingleReport, decode_report_request, decode_single_report
+from wire.topics import message_key
 
-from .estimator import latest_key
-from .metrics import CONTENT_TYPE
+from .metrics import CONTENT_TYPE, Metrics
 
-if TYPE_CHECKING:
-    from .app import Pipeline
-
-__all__ = ["HttpIngest", "parse_report", "register"]
+__all__ = ["HttpIngest", "WebContext", "register"]
 
 log = logging.getLogger(__name__)
-_T_MAX = 2**32 - 1
-
-
-# ---------------------------------------------------------------------------- validation
-def parse_report(obj: Any, campaigns: dict[str, Campaign], now: float | None = None
-                 ) -> tuple[Campaign, str, int, np.ndarray]:
-    """Validate one POSTed report object; returns ``(campaign, attribute, t, reports[1])``.
-
-    Raises :class:`EnvelopeError` with the same reasons as a batch (``bad_json`` for a malformed object).
-    """
-    if not isinstance(obj, dict):
-        raise EnvelopeError("bad_json", f"a report must be a JSON object, got {type(obj).__name__}")
-    cid, attr, payload = obj.get("campaign"), obj.get("attribute"), obj.get("payload")
-    for name, val in (("campaign", cid), ("attribute", attr), ("payload", payload)):
-        if not isinstance(val, str):
-            raise EnvelopeError("bad_json", f"field {name!r} must be a string")
-    campaign = campaigns.get(cid)
-    if campaign is None:
-        raise EnvelopeError("unknown_campaign", f"campaign {cid!r} is not declared")
-    a = campaign.attributes.get(attr)
-    if a is None:
-        raise EnvelopeError("unknown_attribute", f"campaign {cid!r} has no attribute {attr!r}")
-    proto = a.protocol
-    t = obj.get("t")
-    if t is None:
-        t = int(math.floor((time.time() if now is None else now) / campaign.time_step_seconds))
-    elif isinstance(t, bool) or not isinstance(t, int) or not 0 <= t <= _T_MAX:
-        raise EnvelopeError("bad_json", f"field 't' must be an integer in [0, {_T_MAX}], got {t!r}")
-    if "protocol" in obj and obj["protocol"] != proto.name:
-        raise EnvelopeError("wrong_protocol", f"{attr!r} uses {proto.name}, report says {obj['protocol']!r}")
-    if "fingerprint" in obj and obj["fingerprint"] != proto.fingerprint:
-        raise EnvelopeError("wrong_fingerprint", f"report parameters {obj['fingerprint']!r} differ from the "
-                                                 f"campaign's {proto.fingerprint} for {attr!r}")
-    try:
-        blob = base64.b64decode(payload, validate=True)
-    except (binascii.Error, ValueError) as exc:
-        raise EnvelopeError("bad_payload", f"payload is not base64: {exc}") from None
-    env = envelope.Envelope(envelope.REPORTS, cid, attr, proto.name, proto.fingerprint, t, 1, memoryview(blob))
-    try:
-        reports = envelope.decode_reports(env, campaign)
-    except EnvelopeError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - whatever breaks the codec is a bad payload
-        raise EnvelopeError("bad_payload", f"{type(exc).__name__}: {exc}") from None
-    return campaign, attr, t, reports
 
 
 # ---------------------------------------------------------------------------- ingest batching
+SendReports = Callable[[bytes, bytes], Awaitable[Any]]  # (message key, batch envelope) -> broker ack
+
+
 class HttpIngest:
     """Groups single reports per (campaign, attribute, t) and publishes them as batch envelopes."""
 
-    def __init__(self, pipe: "Pipeline", flush_seconds: float = 0.1, max_reports: int = 10_000) -> None:
-        self.pipe = pipe
+    def __init__(self, campaigns: Mapping[str, Campaign], send_reports: SendReports, metrics: Metrics,
+                 flush_seconds: float = 0.1, max_reports: int = 10_000) -> None:
+        self.campaigns = campaigns
+        self.send_reports = send_reports
+        self.metrics = metrics
         self.flush_seconds = flush_seconds
         self.max_reports = max_reports
         self._groups: dict[tuple[str, str, int], list[np.ndarray]] = {}
@@ -117,7 +75,7 @@ class HttpIngest:
             self._wake = asyncio.Event()
         return self._wake
 
-    async def submit(self, items: list[tuple[Campaign, str, int, np.ndarray]]) -> int:
+    async def submit(self, items: list[SingleReport]) -> int:
         """Queue validated reports; returns once they are acknowledged by the broker."""
         if self._stopping:
             raise RuntimeError("the worker is shutting down")
@@ -156,20 +114,19 @@ class HttpIngest:
             sends = []
             n_reports = 0
             for (cid, attr, t), rows in groups.items():
-                campaign = self.pipe.campaigns[cid]
+                campaign = self.campaigns[cid]
                 reports = np.concatenate(rows) if len(rows) > 1 else rows[0]
                 step = max(1, min(self.max_reports, campaign.max_batch_reports))
                 for i in range(0, len(reports), step):
                     chunk = reports[i:i + step]
                     blob = envelope.pack_reports(campaign, attr, t, chunk)
-                    assert self.pipe.send_reports is not None
-                    sends.append(self.pipe.send_reports(f"{t}:{attr}".encode(), blob))
+                    sends.append(self.send_reports(message_key(t, attr), blob))
                     n_reports += len(chunk)
             await asyncio.gather(*sends)
             self.batches_sent += len(sends)
             self.reports_sent += n_reports
             for (cid, attr, _t), rows in groups.items():
-                self.pipe.metrics.http_reports_total.labels(cid, attr).inc(sum(len(r) for r in rows))
+                self.metrics.http_reports_total.labels(cid, attr).inc(sum(len(r) for r in rows))
         except Exception as exc:  # noqa: BLE001 - the requests fail with 503, devices retry
             log.exception("HTTP ingest flush failed")
             for f in waiters:
@@ -200,11 +157,28 @@ def campaign_doc(c: Campaign) -> dict[str, Any]:
     }
 
 
-def register(app: faust.App, pipe: "Pipeline") -> None:
+@dataclass(frozen=True)
+class WebContext:
+    """What the views need from a worker, built by :func:`stream_app.app.create_app`.
+
+    The web layer sees only this (it never imports the app): the campaigns, read-only views of
+    the worker and of the count store, and two actions (record a rejection, submit valid reports).
+    """
+
+    campaigns: Mapping[str, Campaign]
+    status: Callable[[], dict[str, Any]]  # GET /status document
+    render_metrics: Callable[[], bytes]  # Prometheus text exposition
+    latest_estimate: Callable[[str, str], Awaitable[bytes | None]]  # (campaign, attribute) -> stored JSON
+    estimate_history: Callable[[str, str], Awaitable[dict[int, dict[str, Any]]]]  # -> t -> final estimate
+    reject: Callable[..., Awaitable[dict[str, Any]]]  # (reason, detail, *, source, size, extra) -> record
+    submit: Callable[[list[SingleReport]], Awaitable[int]]  # queue valid reports, wait for the broker
+
+
+def register(app: faust.App, web: WebContext) -> None:
     """Add the routes of the module doc to ``app``'s web server."""
 
     def lookup(campaign: str, attribute: str) -> str | None:
-        c = pipe.campaigns.get(campaign)
+        c = web.campaigns.get(campaign)
         if c is None:
             return f"unknown campaign {campaign!r}"
         if attribute not in c.attributes:
@@ -217,18 +191,15 @@ def register(app: faust.App, pipe: "Pipeline") -> None:
 
     @app.page("/campaigns")
     async def campaigns(self: faust.web.View, request: faust.web.Request) -> faust.web.Response:
-        return self.json({"campaigns": [campaign_doc(c) for c in pipe.campaigns.values()]})
+        return self.json({"campaigns": [campaign_doc(c) for c in web.campaigns.values()]})
 
     @app.page("/status")
     async def status(self: faust.web.View, request: faust.web.Request) -> faust.web.Response:
-        est = pipe._estimator
-        return self.json({"worker_id": pipe.worker_id, "app_id": pipe.app_id, "assigned": pipe.assigned,
-                          "estimator_leader": bool(est and est.is_leader), "processed": pipe.processed,
-                          "web_port": pipe.web_port})
+        return self.json(web.status())
 
     @app.page("/metrics")
     async def metrics(self: faust.web.View, request: faust.web.Request) -> faust.web.Response:
-        return self.bytes(pipe.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
+        return self.bytes(web.render_metrics(), headers={"Content-Type": CONTENT_TYPE})
 
     @app.page("/estimates/{campaign}/{attribute}")
     async def latest(self: faust.web.View, request: faust.web.Request, campaign: str,
@@ -236,10 +207,10 @@ def register(app: faust.App, pipe: "Pipeline") -> None:
         err = lookup(campaign, attribute)
         if err:
             return self.json({"error": err}, status=404)
-        raw = await pipe.store.redis.get(latest_key(campaign, attribute))
+        raw = await web.latest_estimate(campaign, attribute)
         if raw is None:
             return self.json({"error": "no estimate yet"}, status=404)
-        return self.bytes(raw if isinstance(raw, bytes) else raw.encode(), content_type="application/json")
+        return self.bytes(raw, content_type="application/json")
 
     @app.page("/estimates/{campaign}/{attribute}/history")
     async def history(self: faust.web.View, request: faust.web.Request, campaign: str,
@@ -247,7 +218,7 @@ def register(app: faust.App, pipe: "Pipeline") -> None:
         err = lookup(campaign, attribute)
         if err:
             return self.json({"error": err}, status=404)
-        docs = await pipe.store.estimates(campaign, attribute)
+        docs = await web.estimate_history(campaign, attribute)
         return self.json({"campaign": campaign, "attribute": attribute,
                           "estimates": [docs[t] for t in sorted(docs)]})
 
@@ -256,31 +227,26 @@ def register(app: faust.App, pipe: "Pipeline") -> None:
         async def post(self, request: faust.web.Request) -> faust.web.Response:
             body = await request.read()
             try:
-                data = json.loads(body)
-            except (ValueError, UnicodeDecodeError) as exc:
-                doc = await pipe.reject("bad_json", f"request body is not JSON: {exc}", source="http",
-                                        size=len(body))
-                return self.json({"error": "bad_json", "detail": doc["detail"], "rejected": 1}, status=400)
-            objs = data if isinstance(data, list) else [data]
-            if not objs:
-                doc = await pipe.reject("bad_json", "empty list of reports", source="http", size=len(body))
-                return self.json({"error": "bad_json", "detail": doc["detail"], "rejected": 1}, status=400)
+                objs = decode_report_request(body)
+            except EnvelopeError as exc:
+                doc = await web.reject(exc.reason, exc.detail, source="http", size=len(body))
+                return self.json({"error": exc.reason, "detail": doc["detail"], "rejected": 1}, status=400)
             now = time.time()
             good, bad = [], []
             for i, obj in enumerate(objs):
                 try:
-                    good.append(parse_report(obj, pipe.campaigns, now))
+                    good.append(decode_single_report(obj, web.campaigns, now))
                 except EnvelopeError as exc:
                     extra = {k: obj.get(k) for k in ("campaign", "attribute", "t")} if isinstance(obj, dict) else {}
                     extra = {k: v for k, v in extra.items() if isinstance(v, (str, int)) and not isinstance(v, bool)}
-                    await pipe.reject(exc.reason, exc.detail, source="http", size=len(body),
-                                      extra={**extra, "index": i})
+                    await web.reject(exc.reason, exc.detail, source="http", size=len(body),
+                                     extra={**extra, "index": i})
                     bad.append({"index": i, "reason": exc.reason, "detail": exc.detail})
             if bad:
                 return self.json({"error": bad[0]["reason"], "detail": bad[0]["detail"], "rejected": len(bad),
                                   "errors": bad, "accepted": 0}, status=400)
             try:
-                n = await pipe.ingest.submit(good)
+                n = await web.submit(good)
             except Exception as exc:  # noqa: BLE001 - Kafka unavailable or shutting down
                 return self.json({"error": "unavailable", "detail": str(exc)}, status=503)
             return self.json({"accepted": n})

@@ -21,45 +21,27 @@ import shutil
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
 import faust
 import mode
 import numpy as np
-import redis.exceptions as redis_exc
 
-from estimators import envelope
-from estimators.campaign import Campaign, load_campaigns
-from estimators.envelope import EnvelopeError
+from wire import envelope
+from wire.campaign import Campaign, load_campaigns
+from wire.errors import BadPayload, EnvelopeError, MalformedBatch
+from wire.topics import Topics, estimate_key
 
-from .estimator import Estimator, closed_ts_key, wake_channel
+from .api import HttpIngest, WebContext, register
 from .metrics import Metrics
-from .store import CountStore
+from .settings import WorkerSettings, free_port
+from .store import RETRYABLE_ERRORS, CountStore
+from .windows import Estimator
 
-__all__ = ["Pipeline", "Topics", "create_app", "get_pipeline"]
+__all__ = ["Pipeline", "create_app", "get_pipeline"]
 
 log = logging.getLogger(__name__)
-
-REPORTS_TOPIC = "ldp.reports"
-REJECTED_TOPIC = "ldp.rejected"
-ESTIMATES_TOPIC = "ldp.estimates"
-# any Redis failure is retried (a batch is never skipped): connection loss, loading, OOM, ...
-_REDIS_RETRYABLE = (redis_exc.RedisError, ConnectionError, OSError)
-
-
-@dataclass(frozen=True)
-class Topics:
-    """Topic names (``prefix`` lets tests share one broker without sharing topics)."""
-
-    reports: str = REPORTS_TOPIC
-    rejected: str = REJECTED_TOPIC
-    estimates: str = ESTIMATES_TOPIC
-
-    @classmethod
-    def with_prefix(cls, prefix: str = "") -> "Topics":
-        return cls(prefix + REPORTS_TOPIC, prefix + REJECTED_TOPIC, prefix + ESTIMATES_TOPIC)
 
 
 SendJson = Callable[[bytes | None, dict[str, Any]], Awaitable[Any]]
@@ -97,7 +79,6 @@ class Pipeline:
         self._estimator: Estimator | None = None
         self._lag_children: dict[int, tuple[Any, Any]] = {}
         self._ca_children: dict[tuple[str, str], tuple[Any, Any, Any]] = {}
-        self.ingest: Any = None  # api.HttpIngest, set by create_app
 
     # ------------------------------------------------------------------ lazily bound to the loop
     @property
@@ -114,9 +95,16 @@ class Pipeline:
                                         refresh_seconds=self.refresh_seconds)
         return self._estimator
 
+    def status(self) -> dict[str, Any]:
+        """This worker for ``GET /status``: ids, assigned partitions, estimator lease, messages processed."""
+        est = self._estimator
+        return {"worker_id": self.worker_id, "app_id": self.app_id, "assigned": self.assigned,
+                "estimator_leader": bool(est and est.is_leader), "processed": self.processed,
+                "web_port": self.web_port}
+
     async def _publish_estimate(self, doc: dict[str, Any]) -> None:
         if self.send_estimate is not None:
-            await self.send_estimate(f"{doc['campaign']}:{doc['attribute']}:{doc['t']}".encode(), doc)
+            await self.send_estimate(estimate_key(doc["campaign"], doc["attribute"], doc["t"]), doc)
 
     def warm_up(self) -> None:
         """Compile the numba support kernels before the first batch arrives."""
@@ -149,7 +137,7 @@ class Pipeline:
         env = None
         try:
             if value is None:
-                raise EnvelopeError("malformed", "message without a value")
+                raise MalformedBatch("message without a value")
             env = envelope.parse(value)
             campaign = envelope.validate(env, self.campaigns)
             if env.kind == envelope.WATERMARK:
@@ -165,7 +153,7 @@ class Pipeline:
             return "rejected"
         except Exception as exc:  # noqa: BLE001 - a batch that breaks the decoder is never counted
             log.exception("unexpected error while decoding the batch at partition %s offset %s", partition, offset)
-            await self.reject("bad_payload", f"unexpected {type(exc).__name__}: {exc}", partition=partition,
+            await self.reject(BadPayload.reason, f"unexpected {type(exc).__name__}: {exc}", partition=partition,
                               offset=offset, key=key, env=env, size=len(value) if value is not None else 0)
             return "rejected"
         c_reports, c_batches, c_dups = self._ca(env.campaign, env.attribute)
@@ -193,17 +181,16 @@ class Pipeline:
         return "applied" if applied else "duplicate"
 
     async def _after_watermark(self, campaign: str, attribute: str, t: int) -> None:
-        r = self.store.redis
-        await r.hsetnx(closed_ts_key(campaign, attribute), str(t), f"{time.time():.6f}")
-        await r.publish(wake_channel(self.app_id), f"{campaign}:{attribute}:{t}")
+        await self.store.record_closed_at(campaign, attribute, t, time.time())
+        await self.store.wake_estimator(self.app_id, campaign, attribute, t)
 
     async def _retry(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> Any:
-        """Redis must apply the batch: retry connection failures forever (never skip, never reject)."""
+        """Redis must apply the batch: retry any store failure forever (never skip, never reject)."""
         delay = 0.1
         while True:
             try:
                 return await fn(*args)
-            except _REDIS_RETRYABLE as exc:
+            except RETRYABLE_ERRORS as exc:
                 log.warning("redis unavailable (%s); retrying in %.1f s", exc, delay)
                 await asyncio.sleep(delay)
                 delay = min(5.0, delay * 2)
@@ -281,14 +268,8 @@ def get_pipeline(app: faust.App) -> Pipeline:
     return app.ldp  # type: ignore[attr-defined]
 
 
-def create_app(campaign_paths: list[Path], kafka_bootstrap: str, redis_url: str, *, app_id: str = "ldp-stream",
-               web_port: int | None = None, partitions: int = 4, refresh_seconds: float = 1.0,
-               session_timeout: float | None = None, data_dir: Path | None = None, web_host: str = "127.0.0.1",
-               web_bind: str | None = None, topic_prefix: str = "", ready_file: Path | None = None,
-               stream_buffer_maxsize: int = 64, consumer_max_fetch_size: int = 8 * 1024 * 1024,
-               ingest_flush_seconds: float = 0.1, ingest_max_reports: int = 10_000,
-               campaigns: dict[str, Campaign] | None = None) -> faust.App:
-    """Build one stream-app instance (see the module doc).
+def create_app(settings: WorkerSettings, *, campaigns: dict[str, Campaign] | None = None) -> faust.App:
+    """Build one stream-app instance from its :class:`~stream_app.settings.WorkerSettings` (see the module doc).
 
     ``session_timeout`` (seconds) shortens the consumer-group session (heartbeat = a third of it,
     at most 3 s): a killed member then stops blocking the group's rejoin after that long instead
@@ -298,9 +279,13 @@ def create_app(campaign_paths: list[Path], kafka_bootstrap: str, redis_url: str,
     ``campaign_paths``. ``topic_prefix`` renames the three topics (``{prefix}ldp.reports`` ...).
     The app's :class:`Pipeline` is ``get_pipeline(app)``.
     """
-    from . import api  # the views need the pipeline; imported here to keep module imports acyclic
-    from .stack import free_port
-
+    s = settings
+    campaign_paths, kafka_bootstrap, redis_url, app_id = s.campaign_paths, s.kafka_bootstrap, s.redis_url, s.app_id
+    partitions, topic_prefix, refresh_seconds = s.partitions, s.topic_prefix, s.refresh_seconds
+    session_timeout, data_dir, ready_file = s.session_timeout, s.data_dir, s.ready_file
+    web_port, web_host, web_bind = s.web_port, s.web_host, s.web_bind
+    stream_buffer_maxsize, consumer_max_fetch_size = s.stream_buffer_maxsize, s.consumer_max_fetch_size
+    ingest_flush_seconds, ingest_max_reports = s.ingest_flush_seconds, s.ingest_max_reports
     if campaigns is None:
         campaigns = load_campaigns(list(campaign_paths))
     if not campaigns:
@@ -373,8 +358,8 @@ def create_app(campaign_paths: list[Path], kafka_bootstrap: str, redis_url: str,
         log.warning("ldp worker %s owns %s partitions %s; web http://%s:%s", pipe.worker_id, topics.reports,
                     pipe.assigned, web_host, port)
 
-    ingest = api.HttpIngest(pipe, flush_seconds=ingest_flush_seconds, max_reports=ingest_max_reports)
-    pipe.ingest = ingest
+    ingest = HttpIngest(campaigns, send_reports, pipe.metrics, flush_seconds=ingest_flush_seconds,
+                        max_reports=ingest_max_reports)
 
     @app.service
     class LdpService(mode.Service):
@@ -405,5 +390,9 @@ def create_app(campaign_paths: list[Path], kafka_bootstrap: str, redis_url: str,
             if own_datadir:
                 shutil.rmtree(datadir, ignore_errors=True)
 
-    api.register(app, pipe)
+    register(app, WebContext(
+        campaigns=campaigns, status=pipe.status, render_metrics=pipe.metrics.render,
+        latest_estimate=lambda c, a: pipe.store.latest_estimate_json(c, a),
+        estimate_history=lambda c, a: pipe.store.estimates(c, a),
+        reject=pipe.reject, submit=ingest.submit))
     return app

@@ -4,7 +4,7 @@ in one process, e.g. in tests).
 Counters (``ldp_reports_total``, ``ldp_rejected_batches_total``) are per worker: Prometheus sums
 them over the instances of a consumer group. The estimate gauges (frequencies, step ``n``,
 privacy figures, estimate latency) are written only by the worker that holds the estimator lease
-(see :mod:`stream_app.estimator`), so exactly one instance exports them at a time.
+(see :mod:`stream_app.windows`), so exactly one instance exports them at a time.
 """
 from __future__ import annotations
 

@@ -14,12 +14,12 @@ def rng() -> np.random.Generator:
 def local_stack(tmp_path_factory):
     """A real local stack (tansu broker + redis-server) shared by the whole session.
 
-    Yields the started ``stream_app.stack.LocalStack``; ``local_stack.info`` has
+    Yields the started ``devtools.stack.LocalStack``; ``local_stack.info`` has
     ``kafka_bootstrap`` ("127.0.0.1:PORT") and ``redis_url`` ("redis://127.0.0.1:PORT/0").
     The broker uses memory storage, so topics/groups live only as long as the session: tests
     should use their own topic and group names.
     """
-    from stream_app.stack import LocalStack
+    from devtools.stack import LocalStack
 
     stack = LocalStack(run_dir=tmp_path_factory.mktemp("local-stack"))
     stack.up(timeout=60.0, stop_on_exit=True)

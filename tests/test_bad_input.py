@@ -12,10 +12,10 @@ from pathlib import Path
 
 import numpy as np
 
-from estimators import envelope as E
-from estimators.campaign import Campaign
-from stream_app.app import Topics
-from stream_app.worker import WorkerProcess, unique_campaign_file, wait_for_counts
+from devtools.workers import WorkerProcess, unique_campaign_file, wait_for_counts
+from wire import envelope as E
+from wire.campaign import Campaign
+from wire.topics import Topics
 
 CAMPAIGN = Path(__file__).parent / "data" / "e2e.toml"
 ATTR = "app_version"

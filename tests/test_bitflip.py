@@ -1,4 +1,5 @@
-"""dBitFlipPM (seed 001 §2.4.4, Table 1, §4): kernel, memoization, accuracy, privacy, codec."""
+"""dBitFlipPM (Arcolezi et al., EDBT 2023, §2.4.4, Table 1, §4): kernel, memoization, accuracy,
+privacy, codec."""
 from __future__ import annotations
 
 import itertools
@@ -181,7 +182,7 @@ def test_pure_protocol_parameters_and_seed_eq1() -> None:
     assert proto.effective_n_factor == pytest.approx(3 / B)
     h = math.exp(EPS / 2)
     assert proto.p == pytest.approx(h / (h + 1)) and proto.q == pytest.approx(1 / (h + 1))
-    # PureProtocol's estimator is seed 001 Eq. (1) with n replaced by n d / b
+    # PureProtocol's estimator is Arcolezi et al., EDBT 2023, Eq. 1 with n replaced by n d / b
     counts, n = np.arange(B) * 7 + 100, 50_000
     ne = n * 3 / B
     np.testing.assert_allclose(proto.estimate(counts, n), (counts - ne * proto.q) / (ne * (proto.p - proto.q)))
@@ -189,9 +190,9 @@ def test_pure_protocol_parameters_and_seed_eq1() -> None:
 
 @pytest.mark.parametrize("d,b,eps", [(1, 90, 2.0), (8, 90, 1.0), (90, 90, 0.5), (2, 4, 4.0)])
 def test_seed_approximate_variance_relation(d: int, b: int, eps: float) -> None:
-    """Our exact Var* = b (h + 1 - d/b) / (n d (h-1)^2); seed 001 §4: b / (2 d n sinh(ε/2)).
+    """Our exact Var* = b (h + 1 - d/b) / (n d (h-1)^2); EDBT 2023, §4: b / (2 d n sinh(ε/2)).
 
-    The seed's figure equals b h / (n d (h^2 - 1)): smaller than ours by the factor
+    The paper's figure equals b h / (n d (h^2 - 1)): smaller than ours by the factor
     (h + 1)(h + 1 - d/b) / (h (h - 1)), so it is an approximation, not this estimator's variance.
     """
     proto = make(k=max(b, 360), b=b, d=d, eps_inf=eps)
@@ -298,7 +299,7 @@ def test_memo_accounting_and_longitudinal_loss() -> None:
         p = make(b=b, d=d)
         mm = np.arange(0, b + 3)
         np.testing.assert_allclose(p.longitudinal_loss(mm), np.minimum(mm, min(d + 1, b)) * p.eps_inf)
-        assert p.worst_case_loss == pytest.approx(min(d + 1, b) * p.eps_inf)  # seed 001 Table 1
+        assert p.worst_case_loss == pytest.approx(min(d + 1, b) * p.eps_inf)  # EDBT 2023, Table 1
         assert p.memo_size == b
 
 

@@ -1,4 +1,4 @@
-"""Campaign files and the batch envelope (estimators.campaign, estimators.envelope)."""
+"""Campaign files and the batch envelope (wire.campaign, wire.envelope)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -6,8 +6,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from estimators import envelope as E
-from estimators.campaign import Campaign, CampaignError
+from wire import envelope as E
+from wire.campaign import Campaign, CampaignError
 
 DEMO = Path(__file__).parent.parent / "deploy" / "campaigns" / "demo.toml"
 

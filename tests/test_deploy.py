@@ -216,7 +216,7 @@ def test_kafka_is_kraft_and_advertises_the_address_clients_use(services: dict[st
 
 
 def test_kafka_init_creates_the_pipeline_topics(services: dict[str, dict[str, Any]]) -> None:
-    from stream_app.app import Topics
+    from wire.topics import Topics
 
     script = " ".join(_command(services["kafka-init"]))
     created = set(re.findall(r"--create\b[^\n]*?--topic\s+(\S+)", script))
@@ -231,7 +231,7 @@ def test_kafka_init_creates_the_pipeline_topics(services: dict[str, dict[str, An
 
 
 def test_worker_and_producer_commands(services: dict[str, dict[str, Any]]) -> None:
-    from estimators.campaign import Campaign
+    from wire.campaign import Campaign
 
     worker = _options(_command(services["worker"]))
     redis_url = urlparse(worker["--redis"])

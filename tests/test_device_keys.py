@@ -14,9 +14,9 @@ from typer.testing import CliRunner
 
 import estimators
 from estimators import randomness
-from estimators.campaign import Campaign
 from estimators.memo import MemoState
 from producers.fleet import Fleet, FleetConfig
+from wire.campaign import Campaign
 
 
 def _campaign() -> Campaign:

@@ -6,10 +6,10 @@ import uuid
 
 import numpy as np
 
-from estimators.campaign import Campaign
-from stream_app.estimator import Estimator
+from stream_app.windows import Estimator
 from stream_app.metrics import Metrics
 from stream_app.store import CountStore
+from wire.campaign import Campaign
 
 
 def _campaign(cid: str) -> Campaign:

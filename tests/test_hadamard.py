@@ -1,4 +1,5 @@
-"""HR (Hadamard randomized response, seed 003) and FHR (Flexible Hadamard Response, seed 004)."""
+"""HR (Hadamard randomized response; Wang et al., Sensors 2020, §3.1.4) and FHR (Flexible Hadamard
+Response; Zhao et al., arXiv 2022)."""
 from __future__ import annotations
 
 import itertools
@@ -22,7 +23,7 @@ def zipf_histogram(k: int, s: float = 1.1) -> np.ndarray:
 
 
 def sylvester(K: int) -> np.ndarray:
-    """Seed 004 Eq. 6: H_{r+1} = [[H_r, H_r], [H_r, -H_r]]."""
+    """Zhao et al., arXiv 2022, Eq. 6: H_{r+1} = [[H_r, H_r], [H_r, -H_r]]."""
     h = np.ones((1, 1), dtype=np.int64)
     while h.shape[0] < K:
         h = np.block([[h, h], [h, -h]])
@@ -132,14 +133,15 @@ def test_hr_variances_closed_forms() -> None:
     proto = estimators.make("HR", k=100, eps=eps)
     e, p = np.exp(eps), proto.p
     assert proto.variance(n) == pytest.approx((e + 1) ** 2 / (n * (e - 1) ** 2), rel=1e-12)
-    # seed 003 Eq. 47 is the exact variance of a value held by everyone (f = 1)
+    # Wang et al., Sensors 2020, Eq. 47 is the exact variance of a value held by everyone (f = 1)
     assert proto.variance_exact(1.0, n) == pytest.approx(4 * p * (1 - p) / (n * (2 * p - 1) ** 2), rel=1e-12)
     assert proto.variance_exact(1.0, n) == pytest.approx(4 * e / (n * (e - 1) ** 2), rel=1e-12)
 
 
 # ---------------------------------------------------------------- FHR: channel, FLDP, Eqs. 7-10
 def fhr_channel(proto: FHR) -> np.ndarray:
-    """P((P, M) | t), shape (k, K, K), from seed 004 Alg. 1 (uniform +1 position x, -1 position y)."""
+    """P((P, M) | t), shape (k, K, K), from Zhao et al., arXiv 2022, Alg. 1 (uniform +1 position x,
+    -1 position y)."""
     K, p = proto.K, proto.p
     C = np.zeros((proto.k, K, K))
     for t in range(proto.k):

@@ -52,7 +52,7 @@ def test_hash_family_is_uniform_and_universal():
         # marginal uniformity: each bucket within 4 sd of n/g
         c = np.bincount(h1, minlength=g)
         assert np.all(np.abs(c - n / g) < 4 * np.sqrt(n * (1 / g) * (1 - 1 / g)))
-        # collision probability 1/g (seed 003 Eq. 34) within 4 sd
+        # collision probability 1/g (Wang et al., Sensors 2020, Eq. 34) within 4 sd
         coll = np.mean(h1 == h2)
         assert abs(coll - 1 / g) < 4 * np.sqrt((1 / g) * (1 - 1 / g) / n)
         # joint uniformity of (H(v1), H(v2)) over g^2 cells
@@ -235,7 +235,8 @@ def test_single_estimates_within_four_sd(rng):
     assert np.all(np.abs(est - f) < 4.5 * sd)  # 64 values: 4.5 sd keeps the family-wise false alarm < 0.1 %
 
 
-# ---------------------------------------------------------------- LOLOHA parameters (seed 001 §3)
+# ---------------------------------------------------------------- LOLOHA parameters
+# Arcolezi et al., EDBT 2023, §3.
 def test_loloha_rounds_and_server_parameters():
     p = estimators.make("LOLOHA", k=360, eps_inf=2.0, eps_1=1.0)
     g = p.g
@@ -299,10 +300,11 @@ def test_eq6_minimizes_var_star_under_paper_calibration(eps_inf, alpha):
 def test_eq6_high_privacy_is_binary():
     for eps_inf in (0.5, 1.0):
         for alpha in (0.1, 0.2, 0.3, 0.4, 0.5, 0.6):
-            assert ololoha_g(eps_inf, alpha * eps_inf) == 2  # seed 001 Fig. 1
+            assert ololoha_g(eps_inf, alpha * eps_inf) == 2  # Arcolezi et al., EDBT 2023, Fig. 1
 
 
-# ---------------------------------------------------------------- memoization (seed 001 Alg. 1)
+# ---------------------------------------------------------------- memoization
+# Arcolezi et al., EDBT 2023, Alg. 1.
 def test_memo_permanence_across_batches_and_restarts(tmp_path):
     p = estimators.make("LOLOHA", k=360, eps_inf=3.0, eps_1=1.0, g=6)
     n = 5000

@@ -18,9 +18,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from estimators.campaign import Campaign
+from devtools.workers import WorkerProcess, unique_campaign_file, wait_for_counts
 from producers.fleet import FleetConfig, publish
-from stream_app.worker import WorkerProcess, unique_campaign_file, wait_for_counts
+from wire.campaign import Campaign
+from wire.topics import Topics
 
 CAMPAIGN = Path(__file__).parent / "data" / "e2e.toml"
 DEVICES, STEPS = 100_000, 5
@@ -51,8 +52,8 @@ def test_end_to_end_counts_and_estimates(local_stack, tmp_path) -> None:
     path = unique_campaign_file(CAMPAIGN, tmp_path)
     campaign = Campaign.load(path)
     with _worker(local_stack, app_id, tmp_path, path) as w:
-        summary = asyncio.run(publish(_fleet(path), local_stack.info.kafka_bootstrap, topic=f"{app_id}.ldp.reports",
-                                      partitions=4))
+        summary = asyncio.run(publish(_fleet(path), local_stack.info.kafka_bootstrap,
+                                      topic=Topics.with_prefix(f"{app_id}.").reports, partitions=4))
         assert summary.reports_sent == DEVICES * STEPS * 2
         wait_for_counts(local_stack.info.redis_url, campaign.id, _expected(summary), timeout=90)
         for attr in campaign.attributes:
@@ -110,7 +111,7 @@ def test_exactly_once_after_sigkill(local_stack, tmp_path, workers: int) -> None
                     victim.kill()
                     killed.set()
             summary = await publish(_fleet(path, batch_size=5_000, seed=2, rate=400_000), local_stack.info.kafka_bootstrap,
-                                    topic=f"{app_id}.ldp.reports", partitions=4, on_progress=on_progress)
+                                    topic=Topics.with_prefix(f"{app_id}.").reports, partitions=4, on_progress=on_progress)
             assert killed.is_set()
             return summary
 

@@ -14,10 +14,10 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 import numpy as np
 import pytest
 
-from estimators.campaign import Campaign
-from estimators.envelope import REPORTS, WATERMARK, decode_reports, parse, validate
 from producers.fleet import Fleet, FleetConfig, FleetStateError, StepData, publish
 from producers.sdk import BudgetExceeded, Device, DeviceStateError, IngestError
+from wire.campaign import Campaign
+from wire.envelope import REPORTS, WATERMARK, decode_reports, parse, validate
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -13,8 +13,8 @@ import shutil
 import numpy as np
 import pytest
 
-from estimators.campaign import Campaign
 from producers.sdk import BudgetExceeded, Device
+from wire.campaign import Campaign
 
 pytestmark = pytest.mark.timeout(180)
 

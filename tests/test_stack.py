@@ -10,16 +10,10 @@ import uuid
 
 import pytest
 
-from stream_app.stack import (
-    STATE_FILE,
-    BinaryNotFoundError,
-    LocalStack,
-    StackError,
-    StackStartupError,
-    broker_binary,
-    port_is_free,
-    redis_binary,
-)
+from devtools.binaries import broker_binary, redis_binary
+from devtools.errors import BinaryNotFoundError, StackError, StackStartupError
+from devtools.processes import STATE_FILE, port_is_free
+from devtools.stack import LocalStack
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -37,7 +37,8 @@ ACCURACY = [("SS", dict(eps=1.0)),    # omega = 27, packed bits
 
 @pytest.mark.parametrize("name,kw", ACCURACY, ids=[f"{n}-{kw['eps']}" for n, kw in ACCURACY])
 def test_mse_matches_exact_variance(name: str, kw: dict) -> None:
-    """Users draw their values i.i.d. from ``f``: the model of ``variance_exact`` (as in seed 000 Thm. 2)."""
+    """Users draw their values i.i.d. from ``f``: the model of ``variance_exact`` (as in Arcolezi
+    et al., DCN 2022, Thm. 2)."""
     k, n, reps = 100, 100_000, 30
     proto = estimators.make(name, k=k, **kw)
     f = zipf_histogram(k)

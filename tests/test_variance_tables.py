@@ -1,4 +1,5 @@
-"""Seed 000 Table 1 and Table 2 (n = 10000), cell by cell, and the exact-calibration gain."""
+"""Arcolezi et al., DCN 2022, Table 1 and Table 2 (n = 10000), cell by cell, and the
+exact-calibration gain."""
 from __future__ import annotations
 
 import math

@@ -21,9 +21,10 @@ from typing import Any, Callable
 import numpy as np
 import pytest
 
-from estimators import envelope
-from estimators.campaign import Campaign
-from stream_app.worker import WorkerProcess, read_counts, unique_campaign_file, wait_for_counts
+from devtools.workers import WorkerProcess, read_counts, unique_campaign_file, wait_for_counts
+from wire import envelope
+from wire.campaign import Campaign
+from wire.topics import Topics, message_key
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -121,10 +122,10 @@ def env(local_stack, tmp_path_factory):
     t0 = time.monotonic()
     worker.wait_ready(timeout=90, partitions=4)
     print(f"worker ready in {time.monotonic() - t0:.1f} s at {worker.url}")
+    topics = Topics.with_prefix(f"{tag}.")
     yield SimpleNamespace(worker=worker, campaign=Campaign.load(cfile), cfile=cfile, tag=tag,
                           kafka=info.kafka_bootstrap, redis=info.redis_url, run_dir=run_dir,
-                          reports=f"{tag}.ldp.reports", rejected=f"{tag}.ldp.rejected",
-                          estimates=f"{tag}.ldp.estimates")
+                          reports=topics.reports, rejected=topics.rejected, estimates=topics.estimates)
     worker.stop()
 
 
@@ -150,12 +151,12 @@ def test_counts_exact_and_final_estimates(env):
     fleet = _fleet(c, n_dev, steps, np.random.default_rng(20261122))
     msgs, expected = [], {}
     for (attr, t), (_values, reports) in fleet.items():
-        key = f"{t}:{attr}".encode()
+        key = message_key(t, attr)
         for part in np.array_split(np.arange(n_dev), 3):  # three batches per step
             msgs.append((key, envelope.pack_reports(c, attr, t, reports[part])))
         expected[(attr, t)] = (c.attributes[attr].protocol.support(reports), n_dev)
     for (attr, t) in fleet:
-        msgs.append((f"{t}:{attr}".encode(), envelope.pack_watermark(c, attr, t)))
+        msgs.append((message_key(t, attr), envelope.pack_watermark(c, attr, t)))
     t0 = time.monotonic()
     produce(env.kafka, env.reports, msgs)
     wait_for_counts(env.redis, c.id, expected, timeout=60)
@@ -247,7 +248,7 @@ def test_rejected_batches_leave_counts_unchanged(env):
 
     _, before = http("GET", f"{env.worker.url}/metrics")
     msgs = [(f"{t}:{attr}:{name}".encode(), blob) for name, blob in bad.items()]
-    msgs.append((f"{t}:{attr}".encode(), valid))  # the worker keeps running: a valid batch after them
+    msgs.append((message_key(t, attr), valid))  # the worker keeps running: a valid batch after them
     produce(env.kafka, env.reports, msgs)
     wait_for_counts(env.redis, c.id, {(attr, t): (proto.support(good), len(good))}, timeout=30)
 
@@ -346,7 +347,7 @@ def test_campaigns_dashboard_and_errors(env):
 
 def test_lateness_finalization_revisions_and_lease(local_stack, tmp_path):
     """The estimator without watermarks (in-process, real Redis): lateness rule, late data, lease hand-over."""
-    from stream_app.estimator import Estimator
+    from stream_app.windows import Estimator
     from stream_app.metrics import Metrics
     from stream_app.store import CountStore
 
@@ -411,7 +412,7 @@ def test_lateness_finalization_revisions_and_lease(local_stack, tmp_path):
 
 def test_redelivered_offsets_are_not_counted(local_stack, tmp_path):
     """The hot path in-process: the same partition offset twice counts once; a rejection does not count."""
-    from stream_app.app import Pipeline, Topics
+    from stream_app.app import Pipeline
 
     tag = uuid.uuid4().hex[:8]
     c = Campaign.load(unique_campaign_file(DEMO, tmp_path, tag))
@@ -443,7 +444,7 @@ def test_sigkill_and_restart_counts_exactly_once(env):
     n_batches, per = 60, 5_000
     t = 90
     reports = proto.randomize(rng.integers(0, proto.k, n_batches * per), rng, state=proto.new_state(n_batches * per))
-    msgs = [(f"{t}:{attr}".encode(), envelope.pack_reports(c, attr, t, reports[i * per:(i + 1) * per]))
+    msgs = [(message_key(t, attr), envelope.pack_reports(c, attr, t, reports[i * per:(i + 1) * per]))
             for i in range(n_batches)]
     expected = {(attr, t): (proto.support(reports), len(reports))}
     produce(env.kafka, env.reports, msgs[:20])

@@ -19,20 +19,28 @@ labels = ["v1.0", ...]       # optional, k labels for dashboards
 The campaign fingerprint (a hash of everything above but the labels) identifies a
 configuration; each attribute's protocol fingerprint travels in every batch envelope and is
 checked by the stream app, so a producer with other parameters is rejected, never counted.
+
+:func:`step_at` is the time step of a wall-clock time, ``t = floor(now / time_step_seconds)``:
+the step a device SDK stamps on a report and the stream app's HTTP ingest assumes when a report
+carries none.
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
+import time
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .base import FrequencyProtocol
-from .errors import LDPError
-from .registry import make
+from estimators.base import FrequencyProtocol
+from estimators.errors import LDPError
+from estimators.registry import make
+
+__all__ = ["Attribute", "Campaign", "CampaignError", "load_campaigns", "step_at"]
 
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 _CAMPAIGN_KEYS = {"id", "time_step_seconds", "lateness_seconds", "max_batch_reports", "description"}
@@ -57,6 +65,8 @@ class Attribute:
 
 @dataclass(frozen=True)
 class Campaign:
+    """A campaign: its id, attributes, time-step length, lateness and batch limit (module doc)."""
+
     id: str
     attributes: dict[str, Attribute]
     time_step_seconds: float = 10.0
@@ -138,3 +148,8 @@ def load_campaigns(paths: list[str | Path]) -> dict[str, Campaign]:
             raise CampaignError(f"campaign id {c.id!r} is declared by two files")
         out[c.id] = c
     return out
+
+
+def step_at(campaign: Campaign, now: float | None = None) -> int:
+    """Time step of the unix time ``now`` (default: the current time): ``floor(now / time_step_seconds)``."""
+    return int(math.floor((time.time() if now is None else now) / campaign.time_step_seconds))

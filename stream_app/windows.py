@@ -2,8 +2,8 @@
 
 Who runs it
     Every worker runs the loop, but only the holder of a Redis *lease*
-    (``ldp:estimator-lease:{app_id}``, ``SET NX PX`` renewed every tick by a compare-and-expire
-    script) computes and publishes. Why not Faust's ``on_leader`` timers: with no changelog tables
+    (:meth:`CountStore.claim_lease <stream_app.store.CountStore.claim_lease>`: ``SET NX PX``
+    renewed every tick by a compare-and-expire script) computes and publishes. Why not Faust's ``on_leader`` timers: with no changelog tables
     Faust uses the round-robin assignor and has no leader partition, and a leader elected through
     the consumer group is lost for a whole session timeout when it is killed (tansu delays the
     rejoin); the lease moves to another worker after ``lease_ttl`` seconds whatever the group does,
@@ -12,7 +12,7 @@ Who runs it
     history is idempotent).
 
 When a step is final
-    * its watermark was applied (``store.read(...)["closed"]``: the producer promised no more
+    * its watermark was applied (``store.read_step(...)["closed"]``: the producer promised no more
       reports for the step; all batches of a step share the key ``"{t}:{attr}"`` and hence one
       partition, so every report sent before the watermark is already counted), trigger
       ``"watermark"``; or
@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import json
 import logging
 import math
 import time
@@ -52,65 +51,28 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
-from estimators.campaign import Attribute, Campaign
+from wire.campaign import Attribute, Campaign
 
 from .metrics import Metrics
-from .store import CountStore, count_key, estimates_key, steps_key
+from .store import CountStore, StepState, WakeUps
 
-__all__ = ["Estimator", "build_estimate", "closed_ts_key", "due_at", "latest_key", "lease_key", "wake_channel"]
+__all__ = ["Estimator", "build_estimate", "due_at"]
 
 log = logging.getLogger(__name__)
 Publish = Callable[[dict[str, Any]], Awaitable[None]]
-
-_LEASE = """
-local cur = redis.call('GET', KEYS[1])
-if not cur then
-  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-  return 1
-end
-if cur == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return 1
-end
-return 0
-"""
-_RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
-end
-return 0
-"""
-
-
-def lease_key(app_id: str) -> str:
-    return f"ldp:estimator-lease:{app_id}"
-
-
-def wake_channel(app_id: str) -> str:
-    return f"ldp:estimator-wake:{app_id}"
-
-
-def latest_key(campaign: str, attribute: str) -> str:
-    """JSON of the latest estimate (highest ``t``) of an attribute (for ``GET /estimates``)."""
-    return f"ldp:{{{campaign}}}:{attribute}:latest"
-
-
-def closed_ts_key(campaign: str, attribute: str) -> str:
-    """Hash ``t -> wall-clock time the watermark was applied`` (written by the agent)."""
-    return f"ldp:{{{campaign}}}:{attribute}:closed_ts"
 
 
 def _finite(x: float) -> float | None:
     return float(x) if math.isfinite(x) else None
 
 
-def due_at(campaign: Campaign, t: int, state: dict[str, Any]) -> float:
+def due_at(campaign: Campaign, t: int, state: StepState) -> float:
     """Wall-clock time at which a step without watermark becomes final (see module doc)."""
     last = state.get("last_ts") or 0.0
     return max((t + 1) * campaign.time_step_seconds, last) + campaign.lateness_seconds
 
 
-def build_estimate(campaign: Campaign, attr: Attribute, t: int, state: dict[str, Any], steps_so_far: int, *,
+def build_estimate(campaign: Campaign, attr: Attribute, t: int, state: StepState, steps_so_far: int, *,
                    final: bool, trigger: str | None, now: float, closed_ts: float | None = None,
                    revision: int = 0, worker: str = "") -> dict[str, Any]:
     """The JSON document of one estimate (published on ``ldp.estimates``)."""
@@ -163,7 +125,6 @@ class Estimator:
             raise ValueError("refresh_seconds must be positive")
         self.campaigns = campaigns
         self.store = store
-        self.redis = store.redis
         self.metrics = metrics
         self.publish = publish
         self.app_id = app_id
@@ -175,15 +136,17 @@ class Estimator:
         self.rescan_ticks = rescan_ticks
         self.is_leader = False
         self.ticks = 0
-        self._lease = self.redis.register_script(_LEASE)
-        self._release = self.redis.register_script(_RELEASE)
         self._state: dict[tuple[str, str], _AttrState] = {}
         self._stopping = asyncio.Event()
 
+    @property
+    def redis(self) -> Any:
+        """The store's Redis client (tests wrap its commands to inject races)."""
+        return self.store.redis
+
     # ------------------------------------------------------------------ lease
     async def _hold_lease(self) -> bool:
-        ok = bool(await self._lease(keys=[lease_key(self.app_id)],
-                                    args=[self.worker_id, int(self.lease_ttl * 1000)]))
+        ok = await self.store.claim_lease(self.app_id, self.worker_id, self.lease_ttl)
         if ok and not self.is_leader:
             log.info("estimator lease acquired by %s", self.worker_id)
             await self._load_state()
@@ -197,7 +160,7 @@ class Estimator:
     async def release(self) -> None:
         """Give the lease up (clean shutdown) so another worker takes over at once."""
         try:
-            await self._release(keys=[lease_key(self.app_id)], args=[self.worker_id])
+            await self.store.release_lease(self.app_id, self.worker_id)
         finally:
             self.is_leader = False
             self.metrics.estimator_leader.set(0)
@@ -207,17 +170,15 @@ class Estimator:
         for c in self.campaigns.values():
             for a in c.attributes.values():
                 st = _AttrState()
-                hkey = estimates_key(c.id, a.name)
-                done = sorted(int(x) for x in await self.redis.hkeys(hkey))
+                done = await self.store.final_steps(c.id, a.name)
                 st.recent = done[-self.recheck_steps:]
                 st.finalized = dict.fromkeys(done, (-1, 0))  # (n, revision) matter for `recent` only
-                if st.recent:
-                    for t, raw in zip(st.recent, await self.redis.hmget(hkey, [str(t) for t in st.recent])):
-                        doc = json.loads(raw) if raw else {}
-                        st.finalized[t] = (int(doc.get("n", 0)), int(doc.get("revision", 0)))
-                raw = await self.redis.get(latest_key(c.id, a.name))
-                if raw:
-                    st.latest_t = int(json.loads(raw).get("t", -1))
+                for t, doc in zip(st.recent, await self.store.final_estimates(c.id, a.name, st.recent)):
+                    doc = doc or {}
+                    st.finalized[t] = (int(doc.get("n", 0)), int(doc.get("revision", 0)))
+                latest = await self.store.latest_estimate(c.id, a.name)
+                if latest:
+                    st.latest_t = int(latest.get("t", -1))
                 self._state[(c.id, a.name)] = st
 
     def _drop_state(self) -> None:
@@ -232,13 +193,12 @@ class Estimator:
 
     async def run(self) -> None:
         """Tick every ``refresh_seconds`` and on wake-ups until :meth:`stop`."""
-        pubsub = None
+        wakeups: WakeUps | None = None
         try:
-            pubsub = self.redis.pubsub()
-            await pubsub.subscribe(wake_channel(self.app_id))
+            wakeups = await self.store.subscribe_wakeups(self.app_id)
         except Exception as exc:  # noqa: BLE001 - wake-ups are an optimisation
             log.warning("estimator wake-up channel unavailable (%s); polling only", exc)
-            pubsub = None
+            wakeups = None
         try:
             while not self._stopping.is_set():
                 started = time.monotonic()
@@ -249,11 +209,11 @@ class Estimator:
                 except Exception:  # noqa: BLE001 - keep estimating; Redis/Kafka may come back
                     log.exception("estimator tick failed")
                 await asyncio.sleep(self.min_tick_interval)
-                await self._wait(pubsub, self.refresh_seconds - (time.monotonic() - started))
+                await self._wait(wakeups, self.refresh_seconds - (time.monotonic() - started))
         finally:
-            if pubsub is not None:
+            if wakeups is not None:
                 try:
-                    await pubsub.aclose()
+                    await wakeups.close()
                 except Exception:  # noqa: BLE001
                     pass
             try:
@@ -261,23 +221,23 @@ class Estimator:
             except Exception:  # noqa: BLE001
                 pass
 
-    async def _wait(self, pubsub: Any, timeout: float) -> None:
+    async def _wait(self, wakeups: WakeUps | None, timeout: float) -> None:
         deadline = time.monotonic() + max(0.0, timeout)
         while not self._stopping.is_set():
             left = deadline - time.monotonic()
             if left <= 0:
                 return
-            if pubsub is None:
+            if wakeups is None:
                 await asyncio.sleep(min(left, 0.1))
                 continue
             try:
-                msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=min(left, 0.25))
+                woken = await wakeups.wait(min(left, 0.25))
             except asyncio.CancelledError:
                 raise
             except Exception:  # noqa: BLE001
                 await asyncio.sleep(min(left, 0.1))
                 continue
-            if msg is not None:
+            if woken:
                 return
 
     # ------------------------------------------------------------------ one tick
@@ -296,35 +256,31 @@ class Estimator:
     async def _tick_attribute(self, c: Campaign, a: Attribute, now: float | None) -> list[dict[str, Any]]:
         st = self._state.setdefault((c.id, a.name), _AttrState())
         size = a.protocol.support_size
-        skey = steps_key(c.id, a.name)
+        store = self.store
         # steps below `low` are final, unless one appeared there since (a device reporting an old t
         # for the first time, or a step whose first batch landed after later steps'): the count of
         # steps below `low` tells, plus a full rescan now and then. It is read BEFORE the candidates,
         # so a step added in between is seen either as a candidate or as a count change next tick.
-        below = await self.redis.zcount(skey, "-inf", f"({st.low}")
-        cand = {int(x) for x in await self.redis.zrangebyscore(skey, st.low, "+inf")}
+        below = await store.count_steps_below(c.id, a.name, st.low)
+        cand = set(await store.steps_from(c.id, a.name, st.low))
         if below != st.below or self.ticks % self.rescan_ticks == 0:
-            unknown = [t for t in (int(x) for x in await self.redis.zrangebyscore(skey, "-inf", f"({st.low}"))
-                       if t not in st.finalized]
+            unknown = [t for t in await store.steps_below(c.id, a.name, st.low) if t not in st.finalized]
             if unknown:
-                done = {int(x) for x in await self.redis.hkeys(estimates_key(c.id, a.name))}
+                done = set(await store.final_steps(c.id, a.name))
                 cand.update(t for t in unknown if t not in done)
             st.below = below
         open_ts = [t for t in cand if t not in st.finalized]
         late: list[int] = []
         if st.recent:
-            pipe = self.redis.pipeline(transaction=False)
-            for t in st.recent:
-                pipe.hget(count_key(c.id, a.name, t), "n")
-            late = [t for t, v in zip(st.recent, await pipe.execute()) if int(v or 0) != st.finalized[t][0]]
+            counted = await store.reports_counted(c.id, a.name, st.recent)
+            late = [t for t, n in zip(st.recent, counted) if n != st.finalized[t][0]]
         todo = sorted(set(open_ts) | set(late))
         docs: list[dict[str, Any]] = []
         if todo:
-            states = await asyncio.gather(*(self.store.read(c.id, a.name, t, size) for t in todo))
-            closed = await self.redis.hmget(closed_ts_key(c.id, a.name), [str(t) for t in todo])
+            states = await asyncio.gather(*(store.read_step(c.id, a.name, t, size) for t in todo))
+            closed = await store.closed_times(c.id, a.name, todo)
             t_now = time.time() if now is None else now
             for t, s, cts in zip(todo, states, closed):
-                cts_f = float(cts) if cts is not None else None
                 if t in st.finalized:  # late data after a final estimate: publish a revision
                     final, trigger, revision = True, "late", st.finalized[t][1] + 1
                 elif s["closed"]:
@@ -335,9 +291,9 @@ class Estimator:
                     final, trigger, revision = False, None, 0
                     if st.published.get(t) == (s["n"], s["closed"]):
                         continue
-                steps_so_far = await self.redis.zcount(skey, "-inf", t)
+                steps_so_far = await store.count_steps_through(c.id, a.name, t)
                 doc = build_estimate(c, a, t, s, steps_so_far, final=final, trigger=trigger,
-                                     now=time.time() if now is None else now, closed_ts=cts_f,
+                                     now=time.time() if now is None else now, closed_ts=cts,
                                      revision=revision, worker=self.worker_id)
                 await self._emit(c, a, st, doc)
                 docs.append(doc)
@@ -371,7 +327,7 @@ class Estimator:
         self.metrics.estimates_published.labels("true" if doc["final"] else "false").inc()
         if t >= st.latest_t and (doc["n"] > 0 or st.latest_t < 0):
             st.latest_t = t
-            await self.redis.set(latest_key(c.id, a.name), json.dumps(doc))
+            await self.store.set_latest_estimate(c.id, a.name, doc)
             self._export(c, a, doc)
 
     def _export(self, c: Campaign, a: Attribute, doc: dict[str, Any]) -> None:

@@ -9,8 +9,10 @@ step. Layout (little-endian)::
 
 ``kind`` is ``REPORTS`` (payload = ``proto.encode(reports)``) or ``WATERMARK`` (no payload:
 the sender will send no more reports for steps ``<= t`` of that attribute). Parsing never
-copies the payload (a ``memoryview``); every inconsistency raises :class:`EnvelopeError`
-with a short machine-readable ``reason`` used for the rejection topic and metrics.
+copies the payload (a ``memoryview``); every inconsistency raises a subclass of
+:class:`~wire.errors.EnvelopeError` whose type names the rejection reason (its ``reason``
+labels the rejection topic and metrics). The Kafka message key of an envelope is
+:func:`wire.topics.message_key`.
 """
 from __future__ import annotations
 
@@ -19,8 +21,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from estimators.errors import InvalidReports, LDPError, TruncatedPayload
+
 from .campaign import Campaign
-from .errors import InvalidReports, LDPError
+from .errors import (REASONS, BadPayload, BadVersion, EnvelopeError, MalformedBatch, OversizedBatch, TruncatedBatch,
+                     UnknownAttribute, UnknownCampaign, WrongFingerprint, WrongProtocol)
+from .topics import message_key
+
+__all__ = ["MAGIC", "VERSION", "REPORTS", "WATERMARK", "MAX_STEP", "Envelope", "EnvelopeError", "REASONS", "pack",
+           "pack_reports", "pack_watermark", "parse", "validate", "decode_reports"]
 
 MAGIC = b"LDPB"
 # 2: reports randomized from ChaCha20 streams under 256-bit keys, SHE as integer discrete-Laplace
@@ -30,23 +39,13 @@ VERSION = 2
 REPORTS, WATERMARK = 0, 1
 _HEAD = struct.Struct("<4sBBHIII8s")
 MAX_FIELD = 255
-
-
-class EnvelopeError(LDPError):
-    """A batch that must not be counted; ``reason`` is one of :data:`REASONS`."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
-        self.detail = detail
-
-
-REASONS = ("malformed", "bad_version", "unknown_campaign", "unknown_attribute", "wrong_protocol",
-           "wrong_fingerprint", "truncated", "oversized", "bad_payload", "bad_json")
+MAX_STEP = 2**32 - 1  # t is a u32
 
 
 @dataclass(frozen=True)
 class Envelope:
+    """A parsed envelope header; ``payload`` is a view of the message bytes."""
+
     kind: int
     campaign: str
     attribute: str
@@ -58,8 +57,8 @@ class Envelope:
 
     @property
     def key(self) -> bytes:
-        """Kafka message key ``"{t}:{attr}"``."""
-        return f"{self.t}:{self.attribute}".encode()
+        """Kafka message key (:func:`wire.topics.message_key`)."""
+        return message_key(self.t, self.attribute)
 
 
 def _field(s: str) -> bytes:
@@ -83,6 +82,7 @@ def pack_reports(campaign: Campaign, attribute: str, t: int, reports: np.ndarray
 
 
 def pack_watermark(campaign: Campaign, attribute: str, t: int) -> bytes:
+    """Watermark envelope: no more reports of ``attribute`` for steps ``<= t`` from this sender."""
     proto = campaign.attribute(attribute).protocol
     return pack(campaign.id, attribute, proto.name, proto.fingerprint, t, 0, b"", kind=WATERMARK)
 
@@ -91,31 +91,31 @@ def parse(blob: bytes | memoryview) -> Envelope:
     """Parse the header; the payload is not decoded (see :func:`decode_reports`)."""
     mv = memoryview(blob)
     if mv.nbytes < _HEAD.size:
-        raise EnvelopeError("malformed", f"{mv.nbytes} bytes is shorter than the envelope header")
+        raise MalformedBatch(f"{mv.nbytes} bytes is shorter than the envelope header")
     magic, version, kind, _res, t, count, plen, fp = _HEAD.unpack_from(mv)
     if magic != MAGIC:
-        raise EnvelopeError("malformed", "not an ldp-stream batch (bad magic)")
+        raise MalformedBatch("not an ldp-stream batch (bad magic)")
     if version != VERSION:
-        raise EnvelopeError("bad_version", f"envelope version {version}, expected {VERSION}")
+        raise BadVersion(f"envelope version {version}, expected {VERSION}")
     if kind not in (REPORTS, WATERMARK):
-        raise EnvelopeError("malformed", f"unknown envelope kind {kind}")
+        raise MalformedBatch(f"unknown envelope kind {kind}")
     pos = _HEAD.size
     names = []
     for what in ("campaign", "attribute", "protocol"):
         if pos >= mv.nbytes:
-            raise EnvelopeError("truncated", f"envelope ends before its {what} field")
+            raise TruncatedBatch(f"envelope ends before its {what} field")
         n = mv[pos]
         if pos + 1 + n > mv.nbytes:
-            raise EnvelopeError("truncated", f"envelope ends inside its {what} field")
+            raise TruncatedBatch(f"envelope ends inside its {what} field")
         try:
             names.append(bytes(mv[pos + 1:pos + 1 + n]).decode())
         except UnicodeDecodeError:
-            raise EnvelopeError("malformed", f"{what} is not utf-8") from None
+            raise MalformedBatch(f"{what} is not utf-8") from None
         pos += 1 + n
     body = mv[pos:]
     if body.nbytes != plen:
-        reason = "truncated" if body.nbytes < plen else "malformed"
-        raise EnvelopeError(reason, f"payload has {body.nbytes} bytes, the header says {plen}")
+        error = TruncatedBatch if body.nbytes < plen else MalformedBatch
+        raise error(f"payload has {body.nbytes} bytes, the header says {plen}")
     return Envelope(kind, names[0], names[1], names[2], fp.hex(), t, count, body)
 
 
@@ -123,17 +123,17 @@ def validate(env: Envelope, campaigns: dict[str, Campaign]) -> Campaign:
     """Check the envelope against the declared campaigns; returns the campaign."""
     campaign = campaigns.get(env.campaign)
     if campaign is None:
-        raise EnvelopeError("unknown_campaign", f"campaign {env.campaign!r} is not declared")
+        raise UnknownCampaign(f"campaign {env.campaign!r} is not declared")
     attr = campaign.attributes.get(env.attribute)
     if attr is None:
-        raise EnvelopeError("unknown_attribute", f"campaign {env.campaign!r} has no attribute {env.attribute!r}")
+        raise UnknownAttribute(f"campaign {env.campaign!r} has no attribute {env.attribute!r}")
     if env.protocol != attr.protocol.name:
-        raise EnvelopeError("wrong_protocol", f"{env.attribute!r} uses {attr.protocol.name}, batch says {env.protocol}")
+        raise WrongProtocol(f"{env.attribute!r} uses {attr.protocol.name}, batch says {env.protocol}")
     if env.fingerprint != attr.protocol.fingerprint:
-        raise EnvelopeError("wrong_fingerprint", f"batch parameters {env.fingerprint} differ from the campaign's "
-                                                 f"{attr.protocol.fingerprint} for {env.attribute!r}")
+        raise WrongFingerprint(f"batch parameters {env.fingerprint} differ from the campaign's "
+                               f"{attr.protocol.fingerprint} for {env.attribute!r}")
     if env.count > campaign.max_batch_reports:
-        raise EnvelopeError("oversized", f"{env.count} reports exceed max_batch_reports={campaign.max_batch_reports}")
+        raise OversizedBatch(f"{env.count} reports exceed max_batch_reports={campaign.max_batch_reports}")
     return campaign
 
 
@@ -142,10 +142,10 @@ def decode_reports(env: Envelope, campaign: Campaign) -> np.ndarray:
     proto = campaign.attribute(env.attribute).protocol
     try:
         reports = proto.decode(env.payload)
+    except TruncatedPayload as exc:
+        raise TruncatedBatch(str(exc)) from exc
     except InvalidReports as exc:
-        msg = str(exc)
-        reason = "truncated" if "expected" in msg or "shorter" in msg else "bad_payload"
-        raise EnvelopeError(reason, msg) from exc
+        raise BadPayload(str(exc)) from exc
     if len(reports) != env.count:
-        raise EnvelopeError("bad_payload", f"payload holds {len(reports)} reports, the envelope says {env.count}")
+        raise BadPayload(f"payload holds {len(reports)} reports, the envelope says {env.count}")
     return reports

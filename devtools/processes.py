@@ -1,0 +1,203 @@
+"""Service processes of the local stack: ports, spawning, liveness via /proc, the state file.
+
+A service runs in its own session (``start_new_session``), so a Ctrl-C in the parent's terminal
+does not reach it, and is stopped through its process group. A running stack is described by
+``run_dir/stack.json`` (:class:`StackInfo`), which lets another process re-attach to it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from .errors import StackError
+
+__all__ = [
+    "HOST", "STATE_FILE", "StackInfo", "is_zombie", "log_tail", "pid_alive", "port_is_free", "read_state",
+    "signal_group", "spawn", "write_state",
+]
+
+HOST = "127.0.0.1"
+#: Name of the state file written into the run directory while the stack is up.
+STATE_FILE = "stack.json"
+# Environment variables tansu reads as defaults of its flags / exporters; the flags we pass win
+# over the first ones anyway, the others would change behaviour, so children never see them.
+_TANSU_ENV_DROP = (
+    "CLUSTER_ID", "LISTENER_URL", "ADVERTISED_LISTENER_URL", "STORAGE_ENGINE",
+    "SCHEMA_REGISTRY", "OTEL_EXPORTER_OTLP_ENDPOINT",
+)
+
+
+# --------------------------------------------------------------------------- ports
+
+
+def port_is_free(port: int, host: str = HOST) -> bool:
+    """True if nothing listens on ``host:port`` and the port can be bound."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+# --------------------------------------------------------------------------- processes
+
+
+def spawn(command: list[str], log_path: Path, cwd: Path) -> subprocess.Popen:
+    """Start ``command`` in its own session, appending its output to ``log_path``."""
+    env = {k: v for k, v in os.environ.items() if k not in _TANSU_ENV_DROP}
+    with open(log_path, "ab") as log:
+        log.write(f"=== ldp stack {time.strftime('%Y-%m-%dT%H:%M:%S')}: "
+                  f"{' '.join(repr(c) if c == '' else c for c in command)}\n".encode())
+        log.flush()
+        return subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=str(cwd),
+            env=env,
+            start_new_session=True,  # own session + process group: no terminal SIGINT/SIGHUP
+            close_fds=True,
+        )
+
+
+def _proc_runs(pid: int, binary: str) -> bool:
+    """Whether ``pid`` runs ``binary``, judged by /proc/PID/exe (True where /proc cannot tell).
+
+    Guards against a recycled pid in a stale stack.json. argv is no good for this: redis-server
+    rewrites its process title ("redis-server 127.0.0.1:PORT").
+    """
+    try:
+        exe = os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        return True
+    exe = exe.removesuffix(" (deleted)")
+    want = os.path.realpath(binary)
+    return exe == want or os.path.basename(exe) == os.path.basename(want)
+
+
+def is_zombie(pid: int) -> bool:
+    """True if /proc says ``pid`` has exited but was not reaped yet."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[0] == "Z"
+
+
+def pid_alive(pid: int | None, binary: str | None = None) -> bool:
+    """True if ``pid`` runs (not a zombie) and, where /proc tells, runs ``binary``."""
+    if not pid or pid <= 0:
+        return False
+    try:  # reap it if it is our own exited child (e.g. stopped through another handle)
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        if done == pid:
+            return False
+    except ChildProcessError:
+        pass
+    except OSError:
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    if is_zombie(pid):
+        return False
+    if binary and not _proc_runs(pid, binary):
+        return False  # the pid was reused by an unrelated process
+    return True
+
+
+def signal_group(pid: int, sig: int = signal.SIGTERM) -> None:
+    """Send ``sig`` to the process group led by ``pid`` (our children lead their own)."""
+    try:
+        pgid = os.getpgid(pid)
+    except ProcessLookupError:
+        return
+    try:
+        if pgid == pid:
+            os.killpg(pgid, sig)
+        else:
+            os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def log_tail(path: Path, lines: int = 25) -> str:
+    """The last ``lines`` lines of a service log, indented for an error message."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return "(no log)"
+    tail = text.splitlines()[-lines:]
+    return "\n".join("    " + line for line in tail) if tail else "(log is empty)"
+
+
+# --------------------------------------------------------------------------- state file
+
+
+@dataclass
+class StackInfo:
+    """Where a running local stack lives; also the content of ``run_dir/stack.json``."""
+
+    run_dir: Path
+    kafka_bootstrap: str  # "127.0.0.1:PORT"
+    redis_url: str  # "redis://127.0.0.1:PORT/0"
+    broker_pid: int
+    redis_pid: int
+    broker_bin: str
+    redis_bin: str
+
+    @property
+    def kafka_port(self) -> int:
+        return int(self.kafka_bootstrap.rsplit(":", 1)[1])
+
+    @property
+    def redis_port(self) -> int:
+        return int(self.redis_url.rsplit(":", 1)[1].split("/", 1)[0])
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["run_dir"] = str(self.run_dir)
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "StackInfo":
+        names = {f.name for f in fields(cls)}
+        missing = names - set(data)
+        if missing:
+            raise StackError(f"{STATE_FILE} lacks {sorted(missing)}")
+        kwargs = {k: data[k] for k in names}
+        kwargs["run_dir"] = Path(kwargs["run_dir"])
+        kwargs["broker_pid"] = int(kwargs["broker_pid"])
+        kwargs["redis_pid"] = int(kwargs["redis_pid"])
+        return cls(**kwargs)
+
+
+def write_state(path: Path, info: StackInfo) -> None:
+    """Write ``info`` to ``path`` atomically (temporary file + rename)."""
+    tmp = path.with_suffix(f".json.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(info.to_json(), indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def read_state(path: Path) -> StackInfo | None:
+    """The stack described by ``path``; ``None`` if there is no such file."""
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise StackError(f"unreadable {path}: {exc}") from exc
+    return StackInfo.from_json(data)

@@ -1,0 +1,193 @@
+"""Stream-app workers in child processes, for tests, benchmarks and the demo, and reading counts back.
+
+:class:`WorkerProcess` runs ``python -m ldp worker`` with its :class:`~stream_app.settings.WorkerSettings`
+passed as environment variables (``WorkerSettings.to_env``), so a test worker goes through the same
+entry point and settings as a deployed one.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+
+from stream_app.settings import WorkerSettings, setting_specs
+from stream_app.store import read_step_sync
+from wire.campaign import Campaign
+
+__all__ = ["WorkerProcess", "read_counts", "unique_campaign_file", "wait_for_counts"]
+
+#: The repository root, put on the child's ``PYTHONPATH`` (the packages need not be installed).
+_ROOT = Path(__file__).resolve().parent.parent
+#: Consumer-group session of a harness worker unless given: a killed worker frees its partitions fast.
+HARNESS_SESSION_TIMEOUT = 6.0
+
+
+class WorkerProcess:
+    """A worker in a child process (``python -m ldp worker``).
+
+    ``start()`` launches it; ``wait_ready()`` waits for its ready file (``info`` then holds the ports
+    and assigned partitions); ``stop()`` sends SIGTERM and waits (clean shutdown); ``kill()`` sends
+    SIGKILL (crash). The worker's output goes to ``log_path``. ``options`` are
+    :class:`~stream_app.settings.WorkerSettings` fields (``app_id``, ``topic_prefix``,
+    ``refresh_seconds``, ``session_timeout``, ``partitions``, ``web_port``, ``loglevel``, ...); the
+    ready file and data directory are ``run_dir/{name}.ready.json`` and ``run_dir/{name}.data``.
+    """
+
+    def __init__(self, campaign_paths: list[Path], kafka_bootstrap: str, redis_url: str, *,
+                 run_dir: Path | None = None, name: str = "worker", **options: Any) -> None:
+        self.run_dir = Path(run_dir) if run_dir is not None else Path(tempfile.mkdtemp(prefix="ldp-worker-"))
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.ready_file = self.run_dir / f"{name}.ready.json"
+        self.log_path = self.run_dir / f"{name}.log"
+        options.setdefault("session_timeout", HARNESS_SESSION_TIMEOUT)
+        self.settings = WorkerSettings(
+            campaign_paths=tuple(Path(p).resolve() for p in campaign_paths), kafka_bootstrap=kafka_bootstrap,
+            redis_url=redis_url, ready_file=self.ready_file, data_dir=self.run_dir / f"{name}.data", **options)
+        self.command = [sys.executable, "-m", "ldp", "worker"]
+        self.proc: subprocess.Popen | None = None
+        self.info: dict[str, Any] = {}
+        self._log: IO[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        """Base URL of the worker's web server (after :meth:`wait_ready`)."""
+        return self.info["web_url"]
+
+    def environment(self) -> dict[str, str]:
+        """The child's environment: ours without any worker setting, plus this worker's settings."""
+        own = {spec["env"] for spec in setting_specs().values()}
+        env = {k: v for k, v in os.environ.items() if k not in own}
+        env.update(self.settings.to_env())
+        env["PYTHONPATH"] = os.pathsep.join(x for x in (str(_ROOT), env.get("PYTHONPATH", "")) if x)
+        return env
+
+    def start(self) -> "WorkerProcess":
+        self.ready_file.unlink(missing_ok=True)
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(self.command, stdout=self._log, stderr=subprocess.STDOUT, cwd=str(self.run_dir),
+                                     env=self.environment(), start_new_session=True)
+        return self
+
+    def wait_ready(self, timeout: float = 60.0, partitions: int | None = None) -> dict[str, Any]:
+        """Wait for the ready file (and, if given, for exactly ``partitions`` assigned partitions)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"worker exited with {self.proc.returncode}; log:\n{self.log_tail()}")
+            try:
+                info = json.loads(self.ready_file.read_text())
+            except (OSError, ValueError):
+                info = None
+            if info and (partitions is None or len(info["assigned"]) == partitions) and _http_ok(info):
+                self.info = info
+                return info
+            time.sleep(0.05)
+        raise TimeoutError(f"worker not ready after {timeout} s; log:\n{self.log_tail()}")
+
+    def stop(self, timeout: float = 20.0) -> int | None:
+        """SIGTERM and wait; returns the exit code (SIGKILL after ``timeout``)."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._close_log()
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        """SIGKILL (a crash: no commit, no group leave, no lease release)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self._close_log()
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def _close_log(self) -> None:
+        if self._log is not None:
+            self._log.close()
+
+    def __enter__(self) -> "WorkerProcess":
+        self.start()
+        self.wait_ready()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _http_ok(info: dict[str, Any]) -> bool:
+    try:
+        with urllib.request.urlopen(f"{info['web_url']}/status", timeout=2) as resp:
+            return resp.status == 200
+    except OSError:
+        return False
+
+
+def unique_campaign_file(path: Path, dest_dir: Path, suffix: str | None = None) -> Path:
+    """Copy a campaign file under a new id ``"{id}-{suffix}"`` (random suffix by default).
+
+    Redis keys are per campaign id and the offset check is per (key, partition): tests that share
+    one Redis but use fresh topics (offsets restarting at 0) must not share a campaign id, or the
+    new batches are skipped as already applied."""
+    old = Campaign.load(path).id
+    new = f"{old}-{suffix or uuid.uuid4().hex[:8]}"
+    text, n = re.subn(r'(?m)^(\s*id\s*=\s*)(["\'])' + re.escape(old) + r"\2", rf"\g<1>\g<2>{new}\g<2>",
+                      Path(path).read_text(), count=1)
+    if n != 1:
+        raise ValueError(f"cannot find the id line of campaign {old!r} in {path}")
+    out = Path(dest_dir) / f"{Path(path).stem}-{new}.toml"
+    out.write_text(text)
+    if Campaign.load(out).id != new:  # pragma: no cover - the regex hit another table's id
+        raise ValueError(f"rewriting the id of {path} failed")
+    return out
+
+
+def read_counts(redis_url: str, campaign: str, attribute: str, t: int, size: int) -> tuple[np.ndarray, int]:
+    """``(counts, n)`` of one step, read synchronously from the count store."""
+    step = read_step_sync(redis_url, campaign, attribute, t, size)
+    return step["counts"], step["n"]
+
+
+def wait_for_counts(redis_url: str, campaign: str, expected: dict[tuple[str, int], tuple[np.ndarray, int]],
+                    timeout: float = 60.0, poll: float = 0.05) -> dict[tuple[str, int], tuple[np.ndarray, int]]:
+    """Wait until every ``(attribute, t) -> (counts, n)`` of ``expected`` is in Redis, exactly.
+
+    Returns the last read counts (equal to ``expected`` on success); raises ``TimeoutError``
+    naming the first differing step otherwise. Counts that overshoot never converge: the
+    function keeps polling until the timeout, so a double count is reported as a failure.
+    """
+    deadline = time.monotonic() + timeout
+    got: dict[tuple[str, int], tuple[np.ndarray, int]] = {}
+    while True:
+        bad = None
+        for (attr, t), (counts, n) in expected.items():
+            got[(attr, t)] = read_counts(redis_url, campaign, attr, t, len(counts))
+            if bad is None and (got[(attr, t)][1] != n or not np.array_equal(got[(attr, t)][0], counts)):
+                bad = (attr, t)
+        if bad is None:
+            return got
+        if time.monotonic() >= deadline:
+            c, n = got[bad]
+            raise TimeoutError(f"counts of {campaign}/{bad[0]}/t={bad[1]} never matched: n={n} expected "
+                               f"{expected[bad][1]}, {int((c != expected[bad][0]).sum())} values differ")
+        time.sleep(poll)

@@ -1,0 +1,68 @@
+"""The architecture, checked from the import graph (docs/architecture.md).
+
+Imports point one way: ``producers -> wire -> estimators <- stream_app`` (both sides may use
+``wire`` and ``estimators``), the dev stack (``devtools``) and the CLI (``ldp``) sit on top and
+no runtime package imports them, and only the count store speaks Redis.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("estimators", "wire", "producers", "stream_app", "devtools", "ldp")
+
+# package -> the project packages it must never import
+FORBIDDEN = {
+    "estimators": {"wire", "producers", "stream_app", "devtools", "ldp"},
+    "wire": {"producers", "stream_app", "devtools", "ldp"},
+    "producers": {"stream_app", "devtools", "ldp"},
+    "stream_app": {"producers", "devtools", "ldp"},
+    "devtools": {"ldp"},
+    "ldp": set(),
+}
+COUNT_STORE = "stream_app/store.py"
+
+
+def _imports(path: Path, package: str) -> set[str]:
+    """Top-level names of every module ``path`` imports (relative imports resolve to ``package``)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            out.add(package if node.level else (node.module or "").split(".")[0])
+    return out
+
+
+def _graph() -> dict[str, dict[str, set[str]]]:
+    graph: dict[str, dict[str, set[str]]] = {}
+    for pkg in PACKAGES:
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            graph.setdefault(pkg, {})[str(path.relative_to(ROOT))] = _imports(path, pkg)
+    return graph
+
+
+def test_every_package_exists():
+    assert set(_graph()) == set(PACKAGES)
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_imports_point_one_way(package):
+    bad = {f: sorted(mods & FORBIDDEN[package]) for f, mods in _graph()[package].items() if mods & FORBIDDEN[package]}
+    assert not bad, f"{package} imports what it must not: {bad}"
+
+
+def test_only_the_count_store_speaks_redis():
+    users = sorted(f for files in _graph().values() for f, mods in files.items() if "redis" in mods)
+    assert users == [COUNT_STORE]
+
+
+def test_the_checker_sees_violations(tmp_path):
+    """The check itself can fail: a module importing upward is caught."""
+    bad = tmp_path / "m.py"
+    bad.write_text("from stream_app import store\nimport redis.asyncio\nfrom . import x\n")
+    assert _imports(bad, "estimators") == {"stream_app", "redis", "estimators"}
