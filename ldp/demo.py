@@ -4,12 +4,13 @@ Stack up (tansu + redis-server on free ports) → stream-app workers (separate p
 simulated fleet publishing one step at a time through :func:`producers.fleet.publish` (reports,
 then a watermark per attribute; its ``on_step`` hook paces the steps and draws the view) → the
 final estimates read back from a worker's HTTP API and shown next to the true histograms,
-with the privacy figures. Everything is stopped on exit or Ctrl-C.
+with the privacy figures. Everything is stopped on exit, Ctrl-C or SIGTERM.
 """
 from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import tempfile
 import time
 import urllib.error
@@ -62,10 +63,24 @@ def _view(campaign: Campaign, truth: dict, finals: dict, header: str, top: int) 
 
 def run_demo(campaign_path: Path, devices: int, steps: int, workers: int, batch: int, step_seconds: float,
              seed: int | None, top: int, console: Console) -> int:
+    """Run the demo; returns the exit code (0 done, 130 interrupted by Ctrl-C or SIGTERM)."""
+    campaign = Campaign.load(campaign_path)
+    previous = signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM cleans up like Ctrl-C
+    try:
+        return _run(campaign_path, campaign, devices, steps, workers, batch, step_seconds, seed, top, console)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _run(campaign_path: Path, campaign: Campaign, devices: int, steps: int, workers: int, batch: int,
+         step_seconds: float, seed: int | None, top: int, console: Console) -> int:
     from devtools.stack import LocalStack
     from devtools.workers import WorkerProcess
 
-    campaign = Campaign.load(campaign_path)
     run = Path(tempfile.mkdtemp(prefix="ldp-demo-"))
     stack = LocalStack(run_dir=run / "stack")
     procs: list[WorkerProcess] = []
@@ -121,6 +136,7 @@ def run_demo(campaign_path: Path, devices: int, steps: int, workers: int, batch:
         console.print("\n[yellow]interrupted[/yellow]")
         return 130
     finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the cleanup short
         with console.status("stopping workers and the stack ..."):
             for p in procs:
                 p.stop()

@@ -74,7 +74,8 @@ class WorkerSettings:
                                       default=1.0)
     session_timeout: float | None = _setting(
         "LDP_SESSION_TIMEOUT", ("--session-timeout",),
-        "Consumer-group session timeout (s); default: Faust's.", float, default=None)
+        "Consumer-group session timeout (s): a killed worker's partitions move to the survivors after about "
+        "this long (failover in seconds; Faust's own default is 60 s).", float, default=10.0)
     web_port: int | None = _setting("LDP_WEB_PORT", ("--web-port",),
                                     "HTTP API / metrics port; default: a free one.", int, default=None)
     web_host: str = _setting("LDP_WEB_HOST", ("--web-host",), "Host name in the worker's URLs (and bind address).",

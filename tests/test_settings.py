@@ -15,7 +15,7 @@ REQUIRED = {"campaign_paths": (Path("a.toml"),), "kafka_bootstrap": "k:9092", "r
 
 def test_defaults_and_required():
     s = WorkerSettings(**REQUIRED)
-    assert (s.app_id, s.partitions, s.refresh_seconds, s.session_timeout, s.web_port) == ("ldp-stream", 4, 1.0, None,
+    assert (s.app_id, s.partitions, s.refresh_seconds, s.session_timeout, s.web_port) == ("ldp-stream", 4, 1.0, 10.0,
                                                                                           None)
     with pytest.raises(SettingsError, match="LDP_KAFKA_BOOTSTRAP"):
         WorkerSettings.from_env({}, campaign_paths=["a.toml"], redis_url="redis://r")
