@@ -24,7 +24,9 @@ it is for tests and benchmarks only (:attr:`Fleet.simulation` says which mode is
 
 State directory layout (``state_dir``)::
 
-    fleet.json              # committed pointer: campaign, fingerprint, n_devices, next_step, snapshot
+    fleet.json              # committed pointer: campaign, fingerprint, n_devices, next_step, snapshot,
+                            #   producer_id
+    producer.json           # the producer id, written when the fleet is first created (before any commit)
     step-000004/            # the snapshot after step 4: one file pair per attribute
         <attr>.memo.npz     #   MemoState.save (keys + memoized bitset)
         <attr>.values.npy   #   the population's current values (Syn evolution continues)
@@ -32,10 +34,18 @@ State directory layout (``state_dir``)::
 A snapshot is written to a temporary directory, fsynced, renamed, and only then made current
 by atomically replacing ``fleet.json``; a crash at any point leaves the previous snapshot
 current and intact.
+
+Exactly-once: every batch envelope carries a stable batch id ``<producer>:<t>:<attribute>:<index>``
+(:meth:`Fleet.batch_id`; ``index`` is the batch's position in the step, the batching being
+deterministic). The producer id (:attr:`Fleet.producer_id`, 128 random bits in hex) is made once
+and kept in the state directory, so a fleet killed after sending (part of) a step and resumed
+re-sends that step under the same ids and the count store skips what it already applied; a
+fleet without a state directory gets a fresh id.
 """
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
 import secrets
@@ -65,6 +75,7 @@ __all__ = ["FleetConfig", "Fleet", "StepData", "FleetSummary", "Progress", "Flee
            "publish", "publish_sync", "ensure_topic"]
 
 _STATE_FORMAT = "ldp-stream/fleet-state"
+_PRODUCER_FILE = "producer.json"
 _STATE_VERSION = 1
 _ENVELOPE_OVERHEAD = 1024  # envelope header + names, generous
 
@@ -214,12 +225,33 @@ class Fleet:
             self.states[name] = proto.new_state(n, rng=self._device_rng(tag, _KEYS))
         self.resumed = False
         self.next_step = 0
+        self.producer_id = os.urandom(16).hex()  # 128 random bits (not the device-key entropy path)
         if config.state_dir is not None:
             self.resumed = self._load()
+            self._keep_producer_id()
         if config.first_step is not None:
             self.next_step = config.first_step
 
     # ------------------------------------------------------------------ basics
+    def batch_id(self, t: int, attribute: str, index: int) -> str:
+        """The stable id of batch ``index`` (0-based position in the step) of ``attribute`` at step ``t``."""
+        bid = f"{self.producer_id}:{t}:{attribute}:{index}"
+        if len(bid.encode()) > 255:  # the envelope carries at most 255 bytes: shorten a very long name
+            tag = hashlib.sha256(attribute.encode()).hexdigest()[:32]
+            bid = f"{self.producer_id}:{t}:#{tag}:{index}"
+        return bid
+
+    def _keep_producer_id(self) -> None:
+        """Persist the producer id in the state directory before anything is sent (a crash before the
+        first commit must not change it)."""
+        root = self.config.state_dir
+        assert root is not None
+        path = root / _PRODUCER_FILE
+        if path.exists():
+            return
+        root.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, json.dumps({"producer_id": self.producer_id}).encode())
+
     @property
     def simulation(self) -> bool:
         """True in the seeded simulation mode (reproducible, not private)."""
@@ -294,7 +326,7 @@ class Fleet:
                 "attributes": self.attributes, "dataset": c.dataset, "base": c.base,
                 "p_change": c.p_change, "seed": c.seed,
                 "population_seed": self.population_seed, "last_step": t, "next_step": t + 1,
-                "snapshot": snapshot, "saved_at": time.time()}
+                "snapshot": snapshot, "producer_id": self.producer_id, "saved_at": time.time()}
 
     def commit(self, t: int) -> None:
         """Persist every attribute's memo state and values as the state after step ``t``."""
@@ -333,6 +365,12 @@ class Fleet:
         root = self.config.state_dir
         assert root is not None
         meta_path = root / "fleet.json"
+        pid_path = root / _PRODUCER_FILE
+        if pid_path.exists():
+            try:
+                self.producer_id = str(json.loads(pid_path.read_text())["producer_id"])
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                raise FleetStateError(f"cannot read {pid_path}: {exc}") from exc
         if not meta_path.exists():
             return False
         try:
@@ -362,6 +400,8 @@ class Fleet:
                 pop = self.populations[attr]
                 pop.values = vals
                 pop.t = int(meta["last_step"])
+        if meta.get("producer_id"):
+            self.producer_id = str(meta["producer_id"])
         self.next_step = int(meta["next_step"])
         return True
 
@@ -488,9 +528,9 @@ async def publish(fleet_or_config: Fleet | FleetConfig, bootstrap: str, topic: s
             if j + 1 < len(items) and (cfg.state_dir is None or items[j + 1][1] == t):
                 ahead = compute(j + 1)
             key = message_key(t, attr)
-            for lo in range(0, data.n, cfg.batch_size):
+            for index, lo in enumerate(range(0, data.n, cfg.batch_size)):
                 chunk = data.reports[lo:lo + cfg.batch_size]
-                await send(key, pack_reports(campaign, attr, t, chunk))
+                await send(key, pack_reports(campaign, attr, t, chunk, batch_id=fleet.batch_id(t, attr, index)))
                 summary.reports_sent += len(chunk)
                 summary.batches += 1
                 if cfg.rate is not None:

@@ -29,6 +29,7 @@ import asyncio
 import logging
 import math
 import time
+import uuid
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Mapping
 
@@ -53,7 +54,11 @@ SendReports = Callable[[bytes, bytes], Awaitable[Any]]  # (message key, batch en
 
 
 class HttpIngest:
-    """Groups single reports per (campaign, attribute, t) and publishes them as batch envelopes."""
+    """Groups single reports per (campaign, attribute, t) and publishes them as batch envelopes.
+
+    Each envelope gets a fresh unique batch id (``http:<uuid4 hex>``), so the count store applies it
+    at most once whatever the broker or the consumer redeliver.
+    """
 
     def __init__(self, campaigns: Mapping[str, Campaign], send_reports: SendReports, metrics: Metrics,
                  flush_seconds: float = 0.1, max_reports: int = 10_000) -> None:
@@ -119,7 +124,8 @@ class HttpIngest:
                 step = max(1, min(self.max_reports, campaign.max_batch_reports))
                 for i in range(0, len(reports), step):
                     chunk = reports[i:i + step]
-                    blob = envelope.pack_reports(campaign, attr, t, chunk)
+                    # a fresh unique batch id: the store applies it at most once
+                    blob = envelope.pack_reports(campaign, attr, t, chunk, batch_id=f"http:{uuid.uuid4().hex}")
                     sends.append(self.send_reports(message_key(t, attr), blob))
                     n_reports += len(chunk)
             await asyncio.gather(*sends)

@@ -3,8 +3,9 @@
 ``create_app(...)`` builds one app instance (one worker). Several instances with the same
 ``app_id`` (separate processes) form one consumer group and share the partitions of
 ``ldp.reports``; each batch is applied to Redis by one Lua script that skips already-applied
-partition offsets, so Faust's at-least-once redelivery (after a crash, a rebalance, a commit that
-did not happen) never counts a batch twice.
+batch ids (a batch re-sent by its producer) and partition offsets, so neither a producer's retry
+or resume nor Faust's at-least-once redelivery (after a crash, a rebalance, a commit that did not
+happen) counts a batch twice.
 
 The hot path (:meth:`Pipeline.process`) does no per-report Python work: the envelope header is
 parsed with ``struct``, the payload is decoded zero-copy (``np.frombuffer``), the support counts
@@ -36,7 +37,7 @@ from wire.topics import Topics, estimate_key
 from .api import HttpIngest, WebContext, register
 from .metrics import Metrics
 from .settings import WorkerSettings, free_port
-from .store import RETRYABLE_ERRORS, CountStore
+from .store import APPLIED, DUPLICATE_BATCH_ID, RETRYABLE_ERRORS, CountStore
 from .windows import Estimator
 
 __all__ = ["Pipeline", "create_app", "get_pipeline"]
@@ -73,7 +74,7 @@ class Pipeline:
         self.ready_file: Path | None = None
         self.assigned: list[int] = []
         self.serving = False  # the web server and the services are up (set by the LdpService)
-        self._dup_warned: set[tuple[str, str]] = set()
+        self._dup_warned: set[tuple[str, str, str]] = set()
         self.processed = 0
         self._store: CountStore | None = None
         self._estimator: Estimator | None = None
@@ -164,20 +165,30 @@ class Pipeline:
                 self.metrics.watermarks_total.labels(env.campaign, env.attribute).inc()
                 await self._retry(self._after_watermark, env.campaign, env.attribute, env.t)
             return "watermark"
-        applied = await self._retry(self.store.apply_batch, env.campaign, env.attribute, env.t, partition,
-                                    offset, counts, env.count)
+        status = await self._retry(self.store.apply_batch_status, env.campaign, env.attribute, env.t, partition,
+                                   offset, counts, env.count, env.batch_id)
+        applied = status == APPLIED
         if applied:
             c_reports.inc(env.count)
             c_batches.inc()
             self.metrics.count_reports(env.count)
+        elif status == DUPLICATE_BATCH_ID:
+            c_dups[0].inc()
+            if (env.campaign, env.attribute, "batch_id") not in self._dup_warned:
+                self._dup_warned.add((env.campaign, env.attribute, "batch_id"))
+                log.warning("skipped a re-sent batch of %s/%s (batch id %r already applied; partition %s offset "
+                            "%s): a producer retry or resume; further skips are only counted in "
+                            "ldp_duplicate_batches_total{reason=\"batch_id\"}", env.campaign, env.attribute,
+                            env.batch_id, partition, offset)
         else:
-            c_dups.inc()
-            if (env.campaign, env.attribute) not in self._dup_warned:
-                self._dup_warned.add((env.campaign, env.attribute))
+            c_dups[1].inc()
+            if (env.campaign, env.attribute, "offset") not in self._dup_warned:
+                self._dup_warned.add((env.campaign, env.attribute, "offset"))
                 log.warning("skipped an already-applied batch of %s/%s (partition %s offset %s): a redelivery "
                             "after a crash or rebalance, or a recreated topic whose offsets restarted while "
                             "Redis kept the old ones (then clear Redis); further skips are only counted in "
-                            "ldp_duplicate_batches_total", env.campaign, env.attribute, partition, offset)
+                            "ldp_duplicate_batches_total{reason=\"offset\"}", env.campaign, env.attribute,
+                            partition, offset)
         return "applied" if applied else "duplicate"
 
     async def _after_watermark(self, campaign: str, attribute: str, t: int) -> None:
@@ -219,7 +230,8 @@ class Pipeline:
             m = self.metrics
             ch = self._ca_children[(campaign, attribute)] = (
                 m.reports_total.labels(campaign, attribute), m.batches_total.labels(campaign, attribute),
-                m.duplicate_batches_total.labels(campaign, attribute))
+                (m.duplicate_batches_total.labels(campaign, attribute, "batch_id"),
+                 m.duplicate_batches_total.labels(campaign, attribute, "offset")))
         return ch
 
     # ------------------------------------------------------------------ rejections

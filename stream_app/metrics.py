@@ -30,7 +30,9 @@ class Metrics:
         self.batches_total = Counter("ldp_batches_total", "Batches applied to Redis (duplicates excluded).",
                                      ca, registry=r)
         self.duplicate_batches_total = Counter(
-            "ldp_duplicate_batches_total", "Redelivered batches skipped by the offset check.", ca, registry=r)
+            "ldp_duplicate_batches_total",
+            "Batches skipped as already applied, by reason: batch_id (a re-sent batch: producer retry or "
+            "resume) or offset (a redelivery after a crash or rebalance).", ca + ["reason"], registry=r)
         self.watermarks_total = Counter("ldp_watermarks_total", "Watermarks applied.", ca, registry=r)
         self.rejected_total = Counter("ldp_rejected_batches_total", "Batches (or HTTP reports) rejected, by reason.",
                                       ["reason"], registry=r)

@@ -21,12 +21,16 @@ Fields of a step hash:
 * ``c:<j>``: support count of value (or bucket) ``j``; absent means 0;
 * ``n``: number of reports counted;
 * ``off:<partition>``: last applied Kafka offset of that partition;
+* ``b:<batch_id>``: the producer's id of an applied batch (value: ``<partition>:<offset>``);
 * ``closed``: 1 once a watermark for the step was applied;
 * ``first_ts`` / ``last_ts``: wall-clock time (s) of the first / last applied batch.
 
-A batch is applied by one Lua script on one key that skips it unless its offset is newer than
-the partition's last applied one: redelivery after a crash never counts twice (exactly-once
-counting), and one key per script keeps it Redis-Cluster-safe. Side indexes (the set of steps
+A batch is applied by one Lua script on one key that skips it if its batch id (from the
+envelope, chosen by the producer) was already applied -- a re-sent batch (producer retry,
+resumed fleet) never counts twice -- and otherwise unless its offset is newer than the
+partition's last applied one: redelivery after a crash never counts twice (exactly-once
+counting). A batch without an id has only the offset check. One key per script keeps it
+Redis-Cluster-safe. Side indexes (the set of steps
 of an attribute, final estimates) are idempotent writes outside the script.
 """
 from __future__ import annotations
@@ -40,22 +44,34 @@ import redis
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-__all__ = ["CountStore", "RETRYABLE_ERRORS", "StepState", "WakeUps", "closed_ts_key", "count_key",
-           "estimates_key", "latest_key", "lease_key", "read_step_sync", "steps_key", "wake_channel"]
+__all__ = ["APPLIED", "DUPLICATE_BATCH_ID", "DUPLICATE_OFFSET", "CountStore", "RETRYABLE_ERRORS", "StepState",
+           "WakeUps", "closed_ts_key", "count_key", "estimates_key", "latest_key", "lease_key", "read_step_sync", "steps_key", "wake_channel"]
 
 # Errors after which a store call may succeed if retried (connection loss, loading, OOM, ...).
 RETRYABLE_ERRORS: tuple[type[BaseException], ...] = (RedisError, ConnectionError, OSError)
 
 _COUNT_FIELD = "c:"
 _OFFSET_FIELD = "off:"
+_BATCH_FIELD = "b:"
+_BATCH_PREFIX = _BATCH_FIELD.encode()
 
-# KEYS[1] = count key. ARGV = partition, offset, now, n, closed(0/1), j1, c1, j2, c2, ...
+# Results of the apply script.
+APPLIED, DUPLICATE_OFFSET, DUPLICATE_BATCH_ID = 1, 0, 2
+
+# KEYS[1] = count key. ARGV = partition, offset, now, n, closed(0/1), batch_id ('' = none), j1, c1, j2, c2, ...
+# Returns 1 (applied), 0 (offset already applied) or 2 (batch id already applied).
 _APPLY = """
+if ARGV[6] ~= '' and redis.call('HEXISTS', KEYS[1], 'b:' .. ARGV[6]) == 1 then
+  return 2
+end
 local last = redis.call('HGET', KEYS[1], 'off:' .. ARGV[1])
 if last and tonumber(last) >= tonumber(ARGV[2]) then
   return 0
 end
-for i = 6, #ARGV, 2 do
+if ARGV[6] ~= '' then
+  redis.call('HSETNX', KEYS[1], 'b:' .. ARGV[6], ARGV[1] .. ':' .. ARGV[2])
+end
+for i = 7, #ARGV, 2 do
   redis.call('HINCRBY', KEYS[1], 'c:' .. ARGV[i], ARGV[i + 1])
 end
 if tonumber(ARGV[4]) > 0 then
@@ -149,6 +165,8 @@ def _parse_step(raw: Mapping[bytes, bytes], size: int) -> StepState:
     counts = np.zeros(size, dtype=np.int64)
     state = StepState(counts=counts, n=0, closed=False, first_ts=None, last_ts=None, offsets={})
     for k, v in raw.items():
+        if k.startswith(_BATCH_PREFIX):  # applied batch ids: not part of the step's counts
+            continue
         k = k.decode()
         if k.startswith(_COUNT_FIELD):
             j = int(k[len(_COUNT_FIELD):])
@@ -213,25 +231,33 @@ class CountStore:
         await self.redis.aclose()
 
     # ------------------------------------------------------------------ counting (the agent)
-    async def apply_batch(self, campaign: str, attribute: str, t: int, partition: int, offset: int,
-                          counts: np.ndarray, n: int) -> bool:
-        """Add a batch's support counts unless this partition offset was already applied.
+    async def apply_batch_status(self, campaign: str, attribute: str, t: int, partition: int, offset: int,
+                                 counts: np.ndarray, n: int, batch_id: str = "") -> int:
+        """Add a batch's support counts unless its ``batch_id`` or this partition offset was already applied.
 
-        Returns ``False`` for a duplicate (nothing changed)."""
+        Returns :data:`APPLIED`, :data:`DUPLICATE_BATCH_ID` (the id was applied before: a re-sent
+        batch) or :data:`DUPLICATE_OFFSET` (the offset was applied before: a redelivery); nothing
+        changes for a duplicate. An empty ``batch_id`` has the offset check only."""
         nz = np.flatnonzero(counts)
-        args: list[Any] = [partition, offset, _stamp(time.time()), int(n), 0]
+        args: list[Any] = [partition, offset, _stamp(time.time()), int(n), 0, batch_id]
         pairs = np.empty(2 * nz.size, dtype=np.int64)
         pairs[0::2], pairs[1::2] = nz, np.asarray(counts)[nz]
         args.extend(pairs.tolist())
-        applied = await self._apply(keys=[count_key(campaign, attribute, t)], args=args)
-        if applied:
+        status = int(await self._apply(keys=[count_key(campaign, attribute, t)], args=args))
+        if status == APPLIED:
             await self.redis.zadd(steps_key(campaign, attribute), {str(t): t})
-        return bool(applied)
+        return status
+
+    async def apply_batch(self, campaign: str, attribute: str, t: int, partition: int, offset: int,
+                          counts: np.ndarray, n: int, batch_id: str = "") -> bool:
+        """:meth:`apply_batch_status` as a flag: ``False`` for a duplicate (nothing changed)."""
+        return await self.apply_batch_status(campaign, attribute, t, partition, offset, counts, n,
+                                             batch_id) == APPLIED
 
     async def apply_watermark(self, campaign: str, attribute: str, t: int, partition: int, offset: int) -> bool:
         """Mark step ``t`` closed (no more reports from its producer), exactly once."""
         applied = await self._apply(keys=[count_key(campaign, attribute, t)],
-                                    args=[partition, offset, _stamp(time.time()), 0, 1])
+                                    args=[partition, offset, _stamp(time.time()), 0, 1, ""]) == APPLIED
         if applied:
             await self.redis.zadd(steps_key(campaign, attribute), {str(t): t})
         return bool(applied)

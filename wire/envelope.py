@@ -5,10 +5,14 @@ step. Layout (little-endian)::
 
     magic "LDPB" | version u8 | kind u8 | reserved u16 | t u32 | count u32 | payload_len u32
     | fingerprint 8 bytes | campaign (u8 len + utf-8) | attribute (u8 len + utf-8)
-    | protocol (u8 len + utf-8) | payload
+    | protocol (u8 len + utf-8) | batch_id (u8 len + utf-8) | payload
 
 ``kind`` is ``REPORTS`` (payload = ``proto.encode(reports)``) or ``WATERMARK`` (no payload:
-the sender will send no more reports for steps ``<= t`` of that attribute). Parsing never
+the sender will send no more reports for steps ``<= t`` of that attribute). ``batch_id`` is the
+producer's stable id of a REPORTS batch (the fleet: ``<producer>:<t>:<attribute>:<index>``, the
+HTTP ingest: a fresh unique id): the count store applies each id at most once, so a re-sent batch
+(retry, resumed producer) is never counted twice. It may be empty (a watermark, or a sender
+without ids: only the partition-offset check applies). Parsing never
 copies the payload (a ``memoryview``); every inconsistency raises a subclass of
 :class:`~wire.errors.EnvelopeError` whose type names the rejection reason (its ``reason``
 labels the rejection topic and metrics). The Kafka message key of an envelope is
@@ -54,6 +58,7 @@ class Envelope:
     t: int
     count: int
     payload: memoryview
+    batch_id: str = ""
 
     @property
     def key(self) -> bytes:
@@ -69,16 +74,17 @@ def _field(s: str) -> bytes:
 
 
 def pack(campaign: str, attribute: str, protocol: str, fingerprint: str, t: int, count: int,
-         payload: bytes = b"", kind: int = REPORTS) -> bytes:
-    """Serialize an envelope (``payload`` from ``proto.encode``)."""
+         payload: bytes = b"", kind: int = REPORTS, batch_id: str = "") -> bytes:
+    """Serialize an envelope (``payload`` from ``proto.encode``; ``batch_id``: see the module doc)."""
     head = _HEAD.pack(MAGIC, VERSION, kind, 0, t, count, len(payload), bytes.fromhex(fingerprint))
-    return b"".join((head, _field(campaign), _field(attribute), _field(protocol), payload))
+    return b"".join((head, _field(campaign), _field(attribute), _field(protocol), _field(batch_id), payload))
 
 
-def pack_reports(campaign: Campaign, attribute: str, t: int, reports: np.ndarray) -> bytes:
-    """Envelope of a batch of reports of ``campaign.attribute(attribute)``."""
+def pack_reports(campaign: Campaign, attribute: str, t: int, reports: np.ndarray, batch_id: str = "") -> bytes:
+    """Envelope of a batch of reports of ``campaign.attribute(attribute)`` (``batch_id``: the producer's id)."""
     proto = campaign.attribute(attribute).protocol
-    return pack(campaign.id, attribute, proto.name, proto.fingerprint, t, len(reports), proto.encode(reports))
+    return pack(campaign.id, attribute, proto.name, proto.fingerprint, t, len(reports), proto.encode(reports),
+                batch_id=batch_id)
 
 
 def pack_watermark(campaign: Campaign, attribute: str, t: int) -> bytes:
@@ -101,7 +107,7 @@ def parse(blob: bytes | memoryview) -> Envelope:
         raise MalformedBatch(f"unknown envelope kind {kind}")
     pos = _HEAD.size
     names = []
-    for what in ("campaign", "attribute", "protocol"):
+    for what in ("campaign", "attribute", "protocol", "batch_id"):
         if pos >= mv.nbytes:
             raise TruncatedBatch(f"envelope ends before its {what} field")
         n = mv[pos]
@@ -116,7 +122,7 @@ def parse(blob: bytes | memoryview) -> Envelope:
     if body.nbytes != plen:
         error = TruncatedBatch if body.nbytes < plen else MalformedBatch
         raise error(f"payload has {body.nbytes} bytes, the header says {plen}")
-    return Envelope(kind, names[0], names[1], names[2], fp.hex(), t, count, body)
+    return Envelope(kind, names[0], names[1], names[2], fp.hex(), t, count, body, names[3])
 
 
 def validate(env: Envelope, campaigns: dict[str, Campaign]) -> Campaign:
