@@ -15,6 +15,7 @@ import signal
 import subprocess
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -123,6 +124,26 @@ class LocalStack:
             atexit.unregister(self._atexit_down)
             self._atexit_registered = False
 
+    def restart_redis(self, *, kill: bool = True, timeout: float = 30.0) -> int:
+        """Fault injection: stop redis-server (SIGKILL if ``kill``, else SIGTERM) and start it again
+        on the same port with the same data directory (its AOF). Returns the new pid."""
+        proc = self._procs["redis"]
+        if self._info is None or proc is None:
+            raise StackError("restart_redis needs a stack started by this LocalStack")
+        proc.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
+        proc.wait(timeout=timeout)
+        fixed = self._fixed_ports["redis"]
+        self._fixed_ports["redis"] = True  # same port: clients reconnect to the same URL
+        try:
+            self._start_service("redis", self._info.redis_bin, time.monotonic() + timeout)
+        finally:
+            self._fixed_ports["redis"] = fixed
+        new = self._procs["redis"]
+        assert new is not None
+        self._info = replace(self._info, redis_pid=new.pid)
+        write_state(self.state_file, self._info)
+        return new.pid
+
     def status(self) -> dict[str, Any]:
         """Per service: pid, port, running (pid alive) and ready (PING / Kafka metadata)."""
         info = self._info
@@ -205,8 +226,10 @@ class LocalStack:
     def _command(self, name: str, binary: str, port: int) -> list[str]:
         if name == "redis":
             return [
-                binary, "--port", str(port), "--bind", HOST, "--save", "", "--appendonly", "no",
-                "--dir", str(self.run_dir.resolve()), "--daemonize", "no",
+                # AOF, fsync every second (as in docker-compose): a redis-server killed with SIGKILL
+                # comes back with everything applied up to about a second before
+                binary, "--port", str(port), "--bind", HOST, "--save", "", "--appendonly", "yes",
+                "--appendfsync", "everysec", "--dir", str(self.run_dir.resolve()), "--daemonize", "no",
             ]
         url = f"tcp://{HOST}:{port}"
         return [
