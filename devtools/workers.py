@@ -191,3 +191,48 @@ def wait_for_counts(redis_url: str, campaign: str, expected: dict[tuple[str, int
             raise TimeoutError(f"counts of {campaign}/{bad[0]}/t={bad[1]} never matched: n={n} expected "
                                f"{expected[bad][1]}, {int((c != expected[bad][0]).sum())} values differ")
         time.sleep(poll)
+
+
+# ---------------------------------------------------------------- observing a worker from outside (tests)
+def produce_messages(bootstrap: str, topic: str, messages: list[tuple[bytes, bytes]]) -> None:
+    """Send ``(key, value)`` messages to ``topic`` one by one, each acknowledged (``acks=all``)."""
+    import asyncio
+
+    from aiokafka import AIOKafkaProducer
+
+    async def send() -> None:
+        producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", max_request_size=32 << 20)
+        await producer.start()
+        try:
+            for key, value in messages:
+                await producer.send_and_wait(topic, value, key=key)
+        finally:
+            await producer.stop()
+    asyncio.run(send())
+
+
+def estimate_history(worker: WorkerProcess, campaign: str, attribute: str) -> Any:
+    """The worker's ``GET /estimates/{campaign}/{attribute}/history`` document."""
+    with urllib.request.urlopen(f"{worker.url}/estimates/{campaign}/{attribute}/history", timeout=5) as r:
+        return json.loads(r.read())
+
+
+def final_estimates(history: Any) -> dict[int, dict]:
+    """``t -> estimate`` of the final estimates in a history document."""
+    items = history.get("estimates", history) if isinstance(history, dict) else history
+    if isinstance(items, dict):
+        items = list(items.values())
+    return {int(d["t"]): d for d in items if d.get("final")}
+
+
+def wait_until(fetch, ok, timeout: float, what: str = "condition", describe=lambda last: str(last)) -> Any:
+    """Poll ``fetch()`` every 0.2 s until ``ok(result)``; return that result, else raise
+    ``AssertionError`` naming ``what`` and ``describe(last result)`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = fetch()
+        if ok(last):
+            return last
+        time.sleep(0.2)
+    raise AssertionError(f"{what} not reached in {timeout} s; last: {describe(last)[:300]}")

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from devtools.workers import WorkerProcess, read_counts, unique_campaign_file, wait_for_counts
+from devtools.workers import (WorkerProcess, estimate_history, final_estimates, produce_messages, read_counts,
+                              unique_campaign_file, wait_for_counts, wait_until)
 from producers.fleet import Fleet, FleetConfig, publish
 from wire import envelope as E
 from wire.campaign import Campaign
@@ -31,18 +32,6 @@ def _worker(stack, app_id: str, run_dir: Path, campaign: Path) -> WorkerProcess:
     return WorkerProcess([campaign], stack.info.kafka_bootstrap, stack.info.redis_url, app_id=app_id,
                          topic_prefix=f"{app_id}.", partitions=2, refresh_seconds=0.2, session_timeout=3.0,
                          run_dir=run_dir)
-
-
-async def _send(bootstrap: str, topic: str, messages: list[tuple[bytes, bytes]]) -> None:
-    from aiokafka import AIOKafkaProducer
-
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", max_request_size=8 << 20)
-    await producer.start()
-    try:
-        for key, value in messages:
-            await producer.send_and_wait(topic, value, key=key)
-    finally:
-        await producer.stop()
 
 
 def _metrics(w: WorkerProcess) -> str:
@@ -61,23 +50,7 @@ def _duplicates(text: str, campaign: str, attribute: str, reason: str) -> float:
 
 
 def _finals(w: WorkerProcess, campaign: str, attribute: str) -> dict[int, dict]:
-    with urllib.request.urlopen(f"{w.url}/estimates/{campaign}/{attribute}/history", timeout=5) as r:
-        hist = json.loads(r.read())
-    items = hist.get("estimates", hist) if isinstance(hist, dict) else hist
-    if isinstance(items, dict):
-        items = list(items.values())
-    return {int(d["t"]): d for d in items if d.get("final")}
-
-
-def _wait(fetch, ok, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = fetch()
-        if ok(last):
-            return last
-        time.sleep(0.2)
-    raise AssertionError(f"{what} not reached in {timeout} s; last: {str(last)[:300]}")
+    return final_estimates(estimate_history(w, campaign, attribute))
 
 
 def test_envelope_id_roundtrip() -> None:
@@ -104,15 +77,15 @@ def test_same_envelope_sent_three_times_is_counted_once(local_stack, tmp_path) -
     blob = E.pack_reports(campaign, ATTR, 0, reports, batch_id=f"{uuid.uuid4().hex}:0:{ATTR}:0")
     key = message_key(0, ATTR)
     with _worker(local_stack, app_id, tmp_path, path) as w:
-        asyncio.run(_send(boot, topic, [(key, blob), (key, blob), (key, E.pack_watermark(campaign, ATTR, 0))]))
+        produce_messages(boot, topic, [(key, blob), (key, blob), (key, E.pack_watermark(campaign, ATTR, 0))])
         wait_for_counts(redis_url, campaign.id, {(ATTR, 0): (support, n)}, timeout=30)
-        _wait(lambda: _duplicates(_metrics(w), campaign.id, ATTR, "batch_id"), lambda v: v == 1, 20,
+        wait_until(lambda: _duplicates(_metrics(w), campaign.id, ATTR, "batch_id"), lambda v: v == 1, 20,
               "one batch-id duplicate")
-        finals = _wait(lambda: _finals(w, campaign.id, ATTR), lambda f: 0 in f, 20, "a final of step 0")
+        finals = wait_until(lambda: _finals(w, campaign.id, ATTR), lambda f: 0 in f, 20, "a final of step 0")
         assert finals[0]["n"] == n
         # a third copy after the step's watermark (and its final) is skipped as well
-        asyncio.run(_send(boot, topic, [(key, blob)]))
-        _wait(lambda: _duplicates(_metrics(w), campaign.id, ATTR, "batch_id"), lambda v: v == 2, 20,
+        produce_messages(boot, topic, [(key, blob)])
+        wait_until(lambda: _duplicates(_metrics(w), campaign.id, ATTR, "batch_id"), lambda v: v == 2, 20,
               "two batch-id duplicates")
         counts, got_n = read_counts(redis_url, campaign.id, ATTR, 0, len(support))
         assert got_n == n and np.array_equal(counts, support)
@@ -152,12 +125,12 @@ def test_resumed_fleet_resending_a_step_is_counted_once(local_stack, tmp_path) -
         expected = {k: (v["support"], v["n"]) for k, v in first_summary.per_step.items()}
         wait_for_counts(redis_url, campaign.id, expected, timeout=30)
         for attr in campaign.attributes:
-            _wait(lambda: _duplicates(_metrics(w), campaign.id, attr, "batch_id"), lambda v: v == 4, 20,
+            wait_until(lambda: _duplicates(_metrics(w), campaign.id, attr, "batch_id"), lambda v: v == 4, 20,
                   f"four batch-id duplicates of {attr}")
         # every re-sent batch was skipped: the counts are still exactly the first copy
         wait_for_counts(redis_url, campaign.id, expected, timeout=2)
         for attr in campaign.attributes:
-            finals = _wait(lambda: _finals(w, campaign.id, attr), lambda f: 0 in f, 20, f"a final of {attr}")
+            finals = wait_until(lambda: _finals(w, campaign.id, attr), lambda f: 0 in f, 20, f"a final of {attr}")
             assert finals[0]["n"] == devices
         # and the fleet committed step 0 with its producer id
         assert json.loads((state / "fleet.json").read_text())["producer_id"] == first.producer_id

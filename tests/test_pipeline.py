@@ -10,15 +10,14 @@ true frequency.
 from __future__ import annotations
 
 import asyncio
-import json
-import urllib.request
 import uuid
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from devtools.workers import WorkerProcess, unique_campaign_file, wait_for_counts
+from devtools.workers import (WorkerProcess, estimate_history, final_estimates, unique_campaign_file, wait_for_counts,
+                              wait_until)
 from producers.fleet import FleetConfig, publish
 from wire.campaign import Campaign
 from wire.topics import Topics
@@ -42,11 +41,6 @@ def _worker(stack, app_id: str, run_dir: Path, campaign: Path, name: str = "work
                          run_dir=run_dir, name=name)
 
 
-def _history(worker: WorkerProcess, campaign: str, attribute: str) -> dict:
-    with urllib.request.urlopen(f"{worker.url}/estimates/{campaign}/{attribute}/history", timeout=5) as r:
-        return json.loads(r.read())
-
-
 def test_end_to_end_counts_and_estimates(local_stack, tmp_path) -> None:
     app_id = f"e2e-{uuid.uuid4().hex[:6]}"
     path = unique_campaign_file(CAMPAIGN, tmp_path)
@@ -58,8 +52,9 @@ def test_end_to_end_counts_and_estimates(local_stack, tmp_path) -> None:
         wait_for_counts(local_stack.info.redis_url, campaign.id, _expected(summary), timeout=90)
         for attr in campaign.attributes:
             proto = campaign.attribute(attr).protocol
-            hist = _wait(lambda: _history(w, campaign.id, attr), lambda h: len(_finals(h)) == STEPS, 30.0)
-            for t, doc in _finals(hist).items():
+            hist = wait_until(lambda: estimate_history(w, campaign.id, attr), lambda h: len(final_estimates(h)) == STEPS,
+                              30.0, "every final", _finals_summary)
+            for t, doc in final_estimates(hist).items():
                 truth = summary.per_step[(attr, t)]["true_frequencies"]
                 assert doc["n"] == DEVICES and doc["final"]
                 est = np.asarray(doc["frequencies"])
@@ -70,25 +65,8 @@ def test_end_to_end_counts_and_estimates(local_stack, tmp_path) -> None:
                 np.testing.assert_allclose(est, proto.estimate(summary.per_step[(attr, t)]["support"], DEVICES))
 
 
-def _finals(hist) -> dict[int, dict]:
-    items = hist.get("estimates", hist) if isinstance(hist, dict) else hist
-    if isinstance(items, dict):
-        items = list(items.values())
-    return {int(d["t"]): d for d in items if d.get("final")}
-
-
-def _wait(fetch, ok, timeout: float):
-    import time
-
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = fetch()
-        if ok(last):
-            return last
-        time.sleep(0.2)
-    summary = {d.get("t"): d.get("final") for d in (last.get("estimates", []) if isinstance(last, dict) else [])}
-    raise AssertionError(f"condition not reached in {timeout} s; last: {summary or str(last)[:300]}")
+def _finals_summary(last) -> str:
+    return str({t: d.get("final") for t, d in final_estimates(last).items()} if isinstance(last, dict) else last)
 
 
 @pytest.mark.parametrize("workers", [1, 2])

@@ -21,7 +21,7 @@ from typing import Any, Callable
 import numpy as np
 import pytest
 
-from devtools.workers import WorkerProcess, read_counts, unique_campaign_file, wait_for_counts
+from devtools.workers import WorkerProcess, produce_messages, read_counts, unique_campaign_file, wait_for_counts
 from wire import envelope
 from wire.campaign import Campaign
 from wire.topics import Topics, message_key
@@ -32,20 +32,7 @@ DEMO = Path(__file__).resolve().parent.parent / "deploy" / "campaigns" / "demo.t
 
 
 # ---------------------------------------------------------------------------- helpers
-async def _produce(bootstrap: str, topic: str, msgs: list[tuple[bytes, bytes]]) -> None:
-    from aiokafka import AIOKafkaProducer
-
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", max_request_size=32 * 1024 * 1024)
-    await producer.start()
-    try:
-        for key, value in msgs:
-            await producer.send_and_wait(topic, value, key=key)
-    finally:
-        await producer.stop()
-
-
-def produce(bootstrap: str, topic: str, msgs: list[tuple[bytes, bytes]]) -> None:
-    asyncio.run(_produce(bootstrap, topic, msgs))
+produce = produce_messages
 
 
 async def _consume(bootstrap: str, topic: str, done: Callable[[list[dict]], bool], timeout: float) -> list[dict]:
