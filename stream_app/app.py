@@ -37,10 +37,18 @@ from wire.topics import Topics, estimate_key
 from .api import HttpIngest, WebContext, register
 from .metrics import Metrics
 from .settings import WorkerSettings, free_port
-from .store import APPLIED, DUPLICATE_BATCH_ID, RETRYABLE_ERRORS, CountStore
+from .store import APPLIED, DUPLICATE_BATCH_ID, DUPLICATE_OFFSET, RETRYABLE_ERRORS, CountStore
 from .windows import Estimator
 
 __all__ = ["Pipeline", "create_app", "get_pipeline"]
+
+# A batch the store skipped: the metric's reason label and what it means (for the one warning per attribute).
+_DUPLICATES = {
+    DUPLICATE_BATCH_ID: ("batch_id", "a re-sent batch (its batch id was already applied: a producer retry or resume)"),
+    DUPLICATE_OFFSET: ("offset", "an already-applied offset (a redelivery after a crash or rebalance, or a "
+                                 "recreated topic whose offsets restarted while Redis kept the old ones: then "
+                                 "clear Redis)"),
+}
 
 log = logging.getLogger(__name__)
 
@@ -172,23 +180,14 @@ class Pipeline:
             c_reports.inc(env.count)
             c_batches.inc()
             self.metrics.count_reports(env.count)
-        elif status == DUPLICATE_BATCH_ID:
-            c_dups[0].inc()
-            if (env.campaign, env.attribute, "batch_id") not in self._dup_warned:
-                self._dup_warned.add((env.campaign, env.attribute, "batch_id"))
-                log.warning("skipped a re-sent batch of %s/%s (batch id %r already applied; partition %s offset "
-                            "%s): a producer retry or resume; further skips are only counted in "
-                            "ldp_duplicate_batches_total{reason=\"batch_id\"}", env.campaign, env.attribute,
-                            env.batch_id, partition, offset)
         else:
-            c_dups[1].inc()
-            if (env.campaign, env.attribute, "offset") not in self._dup_warned:
-                self._dup_warned.add((env.campaign, env.attribute, "offset"))
-                log.warning("skipped an already-applied batch of %s/%s (partition %s offset %s): a redelivery "
-                            "after a crash or rebalance, or a recreated topic whose offsets restarted while "
-                            "Redis kept the old ones (then clear Redis); further skips are only counted in "
-                            "ldp_duplicate_batches_total{reason=\"offset\"}", env.campaign, env.attribute,
-                            partition, offset)
+            reason, why = _DUPLICATES[status]
+            c_dups[status].inc()
+            if (env.campaign, env.attribute, reason) not in self._dup_warned:
+                self._dup_warned.add((env.campaign, env.attribute, reason))
+                log.warning("skipped %s of %s/%s (batch id %r, partition %s offset %s); further skips are only "
+                            "counted in ldp_duplicate_batches_total{reason=%r}", why, env.campaign, env.attribute,
+                            env.batch_id, partition, offset, reason)
         return "applied" if applied else "duplicate"
 
     async def _after_watermark(self, campaign: str, attribute: str, t: int) -> None:
@@ -230,8 +229,8 @@ class Pipeline:
             m = self.metrics
             ch = self._ca_children[(campaign, attribute)] = (
                 m.reports_total.labels(campaign, attribute), m.batches_total.labels(campaign, attribute),
-                (m.duplicate_batches_total.labels(campaign, attribute, "batch_id"),
-                 m.duplicate_batches_total.labels(campaign, attribute, "offset")))
+                {status: m.duplicate_batches_total.labels(campaign, attribute, reason)
+                 for status, (reason, _) in _DUPLICATES.items()})
         return ch
 
     # ------------------------------------------------------------------ rejections
