@@ -379,12 +379,13 @@ def lh_encode(values, keys, memo, nkey, g):
     gg = np.uint64(g)
     hseeds = np.empty(n, dtype=np.uint32)
     x = np.empty(n, dtype=np.int64)
+    zeros = np.zeros(n if memo else 0, dtype=np.uint64)  # a = 0: the seed stream of every device
     nchunks = (n + _CHUNK - 1) // _CHUNK
     for c in nb.prange(nchunks):
         r0, r1 = c * _CHUNK, min(n, (c + 1) * _CHUNK)
         if memo:
             pre = np.empty((r1 - r0, 8), dtype=np.uint64)
-            fill_words(keys, True, LH_SEED, np.zeros(n, dtype=np.uint64), r0, r1, pre)
+            fill_words(keys, True, LH_SEED, zeros, r0, r1, pre)
             seeds = pre[:, 0].copy()
         else:
             seeds = np.empty(r1 - r0, dtype=np.uint64)
