@@ -355,7 +355,11 @@ def test_lateness_finalization_revisions_and_lease(local_stack, tmp_path):
         other = Estimator({c.id: c}, CountStore.from_url(redis_url), Metrics(), publish, app_id=f"lease-{tag}",
                           worker_id="b")
         try:
-            # a logical step (t=3: its wall-clock window is long past) and a wall-clock step
+            # a logical step (t=3: its wall-clock window is long past) and a wall-clock step; start well
+            # clear of a step boundary, or the wall-clock step would close during the first ticks
+            to_boundary = (math.floor(time.time() / T) + 1) * T - time.time()
+            if to_boundary < 2.0:
+                time.sleep(to_boundary + 0.1)
             t_wall = math.floor(time.time() / T)
             for t, off in ((3, 1), (t_wall, 2)):
                 await store.apply_batch(c.id, "opt_in", t, 0, off, np.array([40, 60]), 100)
