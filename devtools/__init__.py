@@ -7,6 +7,10 @@
   round trip);
 - :mod:`devtools.stack`: :class:`~devtools.stack.LocalStack`, the broker + Redis pair on free
   local ports (``ldp stack``, ``ldp demo``, the benchmarks, the tests' ``local_stack`` fixture);
+- :mod:`devtools.objectstore`: a small S3-compatible object server keeping files in the run dir,
+  the storage of the durable local broker (tansu's ``s3://`` engine);
+- :mod:`devtools.cluster`: :class:`~devtools.cluster.LocalRedisCluster`, a local 3-master Redis Cluster
+  (its ``url`` is a ``redis+cluster://`` URL the workers and the count store accept);
 - :mod:`devtools.workers`: :class:`~devtools.workers.WorkerProcess`, a stream-app worker in a child
   process, and helpers that read back counts from Redis.
 """

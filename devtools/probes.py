@@ -1,13 +1,16 @@
 """Readiness probes of the local stack's services.
 
-Redis is ready when it answers ``PING``; the broker when it answers a metadata request *and* a
+Redis is ready when it answers ``PING``; the object server (durable broker storage) when a
+``HEAD`` of its bucket answers 200; the broker when it answers a metadata request *and* a
 produce (acks=all) + fetch round trip on a scratch topic succeeds (tansu accepts TCP before it
 serves). aiokafka is imported lazily, by the Kafka probes only.
 """
 from __future__ import annotations
 
 import asyncio
+import http.client
 import socket
+import ssl
 import threading
 import time
 import uuid
@@ -16,7 +19,7 @@ from typing import Any, Coroutine
 from .errors import StackError
 from .processes import HOST
 
-__all__ = ["kafka_metadata", "kafka_round_trip", "redis_ping", "run_coro", "tcp_accepts"]
+__all__ = ["http_head_ok", "kafka_metadata", "kafka_round_trip", "redis_ping", "run_coro", "tcp_accepts"]
 
 
 def tcp_accepts(port: int, host: str = HOST, timeout: float = 0.5) -> bool:
@@ -28,21 +31,53 @@ def tcp_accepts(port: int, host: str = HOST, timeout: float = 0.5) -> bool:
         return False
 
 
-def redis_ping(port: int, host: str = HOST, timeout: float = 1.0) -> bool:
-    """True if a RESP ``PING`` on ``host:port`` is answered with ``+PONG``."""
+def _resp(*args: str) -> bytes:
+    """One RESP command."""
+    out = [f"*{len(args)}\r\n".encode()]
+    for a in args:
+        b = a.encode()
+        out.append(b"$%d\r\n%s\r\n" % (len(b), b))
+    return b"".join(out)
+
+
+def redis_ping(port: int, host: str = HOST, timeout: float = 1.0, *, password: str | None = None,
+               username: str | None = None, ssl_context: ssl.SSLContext | None = None) -> bool:
+    """True if a RESP ``PING`` on ``host:port`` is answered with ``+PONG`` (after ``AUTH [username] password`` if a
+    password is given; over TLS with ``ssl_context``)."""
     try:
-        with socket.create_connection((host, port), timeout=timeout) as s:
+        with socket.create_connection((host, port), timeout=timeout) as raw:
+            s = ssl_context.wrap_socket(raw, server_hostname=host) if ssl_context is not None else raw
             s.settimeout(timeout)
-            s.sendall(b"*1\r\n$4\r\nPING\r\n")
-            buf = b""
-            while not buf.endswith(b"\r\n"):
-                chunk = s.recv(64)
-                if not chunk:
-                    break
-                buf += chunk
-            return buf.startswith(b"+PONG")
+
+            def line() -> bytes:
+                buf = b""
+                while not buf.endswith(b"\r\n"):
+                    chunk = s.recv(1)
+                    if not chunk:
+                        break
+                    buf += chunk
+                return buf
+
+            if password is not None:
+                s.sendall(_resp("AUTH", *((username,) if username else ()), password))
+                if not line().startswith(b"+OK"):
+                    return False
+            s.sendall(_resp("PING"))
+            return line().startswith(b"+PONG")
     except OSError:
         return False
+
+
+def http_head_ok(port: int, path: str, host: str = HOST, timeout: float = 1.0) -> bool:
+    """True if ``HEAD http://host:port/path`` answers 200."""
+    conn = http.client.HTTPConnection(host, port, timeout=timeout)
+    try:
+        conn.request("HEAD", path)
+        return conn.getresponse().status == 200
+    except (OSError, http.client.HTTPException):
+        return False
+    finally:
+        conn.close()
 
 
 def run_coro(coro: Coroutine[Any, Any, Any]) -> Any:
@@ -67,13 +102,15 @@ def run_coro(coro: Coroutine[Any, Any, Any]) -> Any:
     return result.get("value")
 
 
-async def kafka_metadata(bootstrap: str, timeout: float) -> bool:
-    """True once ``bootstrap`` answered a metadata request (raises on failure)."""
+async def kafka_metadata(bootstrap: str, timeout: float, client_options: dict[str, Any] | None = None) -> bool:
+    """True once ``bootstrap`` answered a metadata request (raises on failure).
+
+    ``client_options``: SASL / TLS keyword arguments of the clients (default: ``LDP_KAFKA_*``, :mod:`wire.transport`)."""
     from aiokafka import AIOKafkaConsumer
 
     ms = max(1000, int(timeout * 1000))
     consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap, request_timeout_ms=ms, enable_auto_commit=False
+        bootstrap_servers=bootstrap, request_timeout_ms=ms, enable_auto_commit=False, **_security(client_options)
     )
     try:
         await asyncio.wait_for(consumer.start(), timeout)
@@ -83,8 +120,15 @@ async def kafka_metadata(bootstrap: str, timeout: float) -> bool:
         await consumer.stop()
 
 
-async def kafka_round_trip(bootstrap: str, timeout: float) -> None:
-    """Create a 1-partition scratch topic, produce one record (acks=all), fetch it back."""
+def _security(client_options: dict[str, Any] | None) -> dict[str, Any]:
+    from wire.transport import kafka_client_options
+
+    return kafka_client_options() if client_options is None else client_options
+
+
+async def kafka_round_trip(bootstrap: str, timeout: float, client_options: dict[str, Any] | None = None) -> None:
+    """Create a 1-partition scratch topic, produce one record (acks=all), fetch it back (``client_options``: as
+    :func:`kafka_metadata`)."""
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
     from aiokafka.admin import AIOKafkaAdminClient, NewTopic
     from aiokafka.errors import TopicAlreadyExistsError
@@ -97,7 +141,8 @@ async def kafka_round_trip(bootstrap: str, timeout: float) -> None:
     def left() -> float:
         return max(0.1, deadline - time.monotonic())
 
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=ms)
+    security = _security(client_options)
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=ms, **security)
     await asyncio.wait_for(admin.start(), left())
     try:
         try:
@@ -112,7 +157,7 @@ async def kafka_round_trip(bootstrap: str, timeout: float) -> None:
         except TopicAlreadyExistsError:
             pass
 
-        producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", request_timeout_ms=ms)
+        producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", request_timeout_ms=ms, **security)
         await asyncio.wait_for(producer.start(), left())
         try:
             md = await asyncio.wait_for(producer.send_and_wait(topic, payload, partition=0), left())
@@ -120,7 +165,7 @@ async def kafka_round_trip(bootstrap: str, timeout: float) -> None:
             await producer.stop()
 
         consumer = AIOKafkaConsumer(
-            bootstrap_servers=bootstrap, enable_auto_commit=False, request_timeout_ms=ms
+            bootstrap_servers=bootstrap, enable_auto_commit=False, request_timeout_ms=ms, **security
         )
         await asyncio.wait_for(consumer.start(), left())
         try:

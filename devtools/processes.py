@@ -12,7 +12,7 @@ import signal
 import socket
 import subprocess
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,9 @@ _TANSU_ENV_DROP = (
     "CLUSTER_ID", "LISTENER_URL", "ADVERTISED_LISTENER_URL", "STORAGE_ENGINE",
     "SCHEMA_REGISTRY", "OTEL_EXPORTER_OTLP_ENDPOINT",
 )
+# Nor the caller's AWS settings (endpoint, credentials, profile): tansu's s3:// engine reads them,
+# and the stack points it at its own object server through ``spawn(extra_env=...)``.
+_ENV_DROP_PREFIXES = ("AWS_",)
 
 
 # --------------------------------------------------------------------------- ports
@@ -51,9 +54,15 @@ def port_is_free(port: int, host: str = HOST) -> bool:
 # --------------------------------------------------------------------------- processes
 
 
-def spawn(command: list[str], log_path: Path, cwd: Path) -> subprocess.Popen:
-    """Start ``command`` in its own session, appending its output to ``log_path``."""
-    env = {k: v for k, v in os.environ.items() if k not in _TANSU_ENV_DROP}
+def spawn(command: list[str], log_path: Path, cwd: Path,
+          extra_env: dict[str, str] | None = None) -> subprocess.Popen:
+    """Start ``command`` in its own session, appending its output to ``log_path``.
+
+    The child gets this environment less tansu's and AWS's settings, plus ``extra_env``.
+    """
+    env = {k: v for k, v in os.environ.items()
+           if k not in _TANSU_ENV_DROP and not k.startswith(_ENV_DROP_PREFIXES)}
+    env.update(extra_env or {})
     with open(log_path, "ab") as log:
         log.write(f"=== ldp stack {time.strftime('%Y-%m-%dT%H:%M:%S')}: "
                   f"{' '.join(repr(c) if c == '' else c for c in command)}\n".encode())
@@ -158,6 +167,23 @@ class StackInfo:
     redis_pid: int
     broker_bin: str
     redis_bin: str
+    # where the broker keeps its data: "memory" (gone when it stops) or "durable" (files in
+    # run_dir served by the object server below); the defaults read a stack.json of older versions
+    broker_storage: str = "memory"
+    objects_url: str | None = None  # "http://127.0.0.1:PORT" of the object server (durable only)
+    objects_pid: int | None = None
+    objects_bin: str | None = None
+    # a stack with Kafka SASL / TLS (devtools/kafkagate.py in front of the broker): kafka_bootstrap is the
+    # gateway's address, the broker listens on broker_port (loopback, never advertised); kafka_security is
+    # the clients' KafkaSecurity.to_env() (password included: the state file is written mode 0600)
+    broker_port: int | None = None
+    gateway_pid: int | None = None
+    gateway_bin: str | None = None
+    kafka_security: dict[str, str] | None = None
+
+    @property
+    def objects_port(self) -> int | None:
+        return int(self.objects_url.rsplit(":", 1)[1]) if self.objects_url else None
 
     @property
     def kafka_port(self) -> int:
@@ -174,21 +200,26 @@ class StackInfo:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "StackInfo":
-        names = {f.name for f in fields(cls)}
-        missing = names - set(data)
+        required = {f.name for f in fields(cls) if f.default is MISSING}
+        missing = required - set(data)
         if missing:
             raise StackError(f"{STATE_FILE} lacks {sorted(missing)}")
-        kwargs = {k: data[k] for k in names}
+        kwargs = {f.name: data[f.name] for f in fields(cls) if f.name in data}
         kwargs["run_dir"] = Path(kwargs["run_dir"])
         kwargs["broker_pid"] = int(kwargs["broker_pid"])
         kwargs["redis_pid"] = int(kwargs["redis_pid"])
+        for name in ("objects_pid", "gateway_pid", "broker_port"):
+            if kwargs.get(name) is not None:
+                kwargs[name] = int(kwargs[name])
         return cls(**kwargs)
 
 
 def write_state(path: Path, info: StackInfo) -> None:
     """Write ``info`` to ``path`` atomically (temporary file + rename)."""
     tmp = path.with_suffix(f".json.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(info.to_json(), indent=2) + "\n")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # it may hold the stack's passwords
+    with os.fdopen(fd, "w") as fh:
+        fh.write(json.dumps(info.to_json(), indent=2) + "\n")
     os.replace(tmp, path)
 
 

@@ -2,7 +2,9 @@
 
 :class:`WorkerProcess` runs ``python -m ldp worker`` with its :class:`~stream_app.settings.WorkerSettings`
 passed as environment variables (``WorkerSettings.to_env``), so a test worker goes through the same
-entry point and settings as a deployed one.
+entry point and settings as a deployed one. Kafka and Redis security (``LDP_KAFKA_*``, ``LDP_REDIS_PASSWORD`` ...,
+:mod:`wire.transport`) come from this process's environment, which the child inherits; the Kafka clients here
+(:func:`produce_messages`, :func:`consume_json`) and the count reads use the same.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ import numpy as np
 from stream_app.settings import WorkerSettings, setting_specs
 from stream_app.store import read_step_sync
 from wire.campaign import Campaign
+from wire.transport import kafka_client_options
 
 __all__ = ["WorkerProcess", "read_counts", "unique_campaign_file", "wait_for_counts"]
 
@@ -51,6 +54,7 @@ class WorkerProcess:
         self.ready_file = self.run_dir / f"{name}.ready.json"
         self.log_path = self.run_dir / f"{name}.log"
         options.setdefault("session_timeout", HARNESS_SESSION_TIMEOUT)
+        options.setdefault("open_reports", True)  # development: the tests post single reports without tokens
         self.settings = WorkerSettings(
             campaign_paths=tuple(Path(p).resolve() for p in campaign_paths), kafka_bootstrap=kafka_bootstrap,
             redis_url=redis_url, ready_file=self.ready_file, data_dir=self.run_dir / f"{name}.data", **options)
@@ -146,9 +150,8 @@ def _http_ok(info: dict[str, Any]) -> bool:
 def unique_campaign_file(path: Path, dest_dir: Path, suffix: str | None = None) -> Path:
     """Copy a campaign file under a new id ``"{id}-{suffix}"`` (random suffix by default).
 
-    Redis keys are per campaign id and the offset check is per (key, partition): tests that share
-    one Redis but use fresh topics (offsets restarting at 0) must not share a campaign id, or the
-    new batches are skipped as already applied."""
+    Redis keys are per campaign id: tests that share one Redis must not share a campaign id, or their
+    counts (and batch ids) mix."""
     old = Campaign.load(path).id
     new = f"{old}-{suffix or uuid.uuid4().hex[:8]}"
     text, n = re.subn(r'(?m)^(\s*id\s*=\s*)(["\'])' + re.escape(old) + r"\2", rf"\g<1>\g<2>{new}\g<2>",
@@ -201,7 +204,8 @@ def produce_messages(bootstrap: str, topic: str, messages: list[tuple[bytes, byt
     from aiokafka import AIOKafkaProducer
 
     async def send() -> None:
-        producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", max_request_size=32 << 20)
+        producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", max_request_size=32 << 20,
+                                    **kafka_client_options())
         await producer.start()
         try:
             for key, value in messages:
@@ -209,6 +213,31 @@ def produce_messages(bootstrap: str, topic: str, messages: list[tuple[bytes, byt
         finally:
             await producer.stop()
     asyncio.run(send())
+
+
+def consume_json(bootstrap: str, topic: str, *, idle_seconds: float = 1.0, timeout: float = 30.0) -> list[Any]:
+    """Every message of ``topic`` (all partitions, from the beginning) as decoded JSON, read until no new
+    message arrived for ``idle_seconds`` (for checking what a worker published on ``ldp.estimates``)."""
+    import asyncio
+
+    from aiokafka import AIOKafkaConsumer
+
+    async def read() -> list[Any]:
+        consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=None,
+                                    auto_offset_reset="earliest", enable_auto_commit=False, **kafka_client_options())
+        await consumer.start()
+        out: list[Any] = []
+        try:
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                batch = await consumer.getmany(timeout_ms=int(idle_seconds * 1000))
+                if not batch:
+                    break
+                out.extend(json.loads(m.value) for msgs in batch.values() for m in msgs)
+        finally:
+            await consumer.stop()
+        return out
+    return asyncio.run(read())
 
 
 def estimate_history(worker: WorkerProcess, campaign: str, attribute: str) -> Any:
@@ -236,3 +265,43 @@ def wait_until(fetch, ok, timeout: float, what: str = "condition", describe=lamb
             return last
         time.sleep(0.2)
     raise AssertionError(f"{what} not reached in {timeout} s; last: {describe(last)[:300]}")
+
+
+# ---------------------------------------------------------------- a group of workers (scale-out tests, benchmark)
+def group_assignment(procs: list[WorkerProcess]) -> list[list[int] | None]:
+    """Each worker's partitions of ``ldp.reports`` as its ready file last said (None: not written yet)."""
+    out: list[list[int] | None] = []
+    for p in procs:
+        try:
+            out.append(json.loads(p.ready_file.read_text())["assigned"])
+        except (OSError, ValueError, KeyError):
+            out.append(None)
+    return out
+
+
+def assignment_is_balanced(assigned: list[list[int] | None], partitions: int) -> bool:
+    """Every partition owned exactly once, and every worker owns one when there are enough partitions."""
+    if any(a is None for a in assigned):
+        return False
+    owned = [p for a in assigned for p in a or ()]
+    if len(owned) != len(set(owned)) or set(owned) != set(range(partitions)):
+        return False
+    return sum(1 for a in assigned if a) == min(len(assigned), partitions)
+
+
+def wait_for_balanced_group(procs: list[WorkerProcess], partitions: int, timeout: float = 120.0,
+                            poll: float = 0.25) -> list[list[int]]:
+    """Wait until the workers' group settled on an assignment that :func:`assignment_is_balanced` accepts (the
+    same on two reads in a row: a rebalance rewrites the ready files one by one); returns it, else raises
+    ``TimeoutError``."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while True:
+        now = group_assignment(procs)
+        if now == last and assignment_is_balanced(now, partitions):
+            return [list(a or ()) for a in now]
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"the {len(procs)} workers did not settle on an assignment of all {partitions} "
+                               f"partitions in {timeout} s; last: {now}")
+        last = now
+        time.sleep(poll)

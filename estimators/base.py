@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import struct
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar
@@ -200,7 +201,7 @@ class FrequencyProtocol(ABC):
     @property
     def report_nbytes(self) -> int:
         """Bytes of one report in the wire payload (:meth:`encode` adds a fixed header per batch)."""
-        return np.dtype(self.report_dtype).itemsize * int(np.prod(self.report_shape, dtype=np.int64))
+        return np.dtype(self.report_dtype).itemsize * math.prod(self.report_shape)  # on every ingested report
 
     def encode(self, reports: np.ndarray) -> bytes:
         """Wire payload of a batch: a small header and the report array's raw bytes."""

@@ -165,19 +165,33 @@ def ue_chain_randomize(values, keys, memo, seen, nkey, t1p, t1q, t2p, t2q, k):
 
 @nb.njit(**_PAR)
 def packed_bit_counts(bits, k):
-    """Column sums of a little-endian packed bit matrix ``uint8 (n, ceil(k/8))``."""
+    """Column sums of a little-endian packed bit matrix ``uint8 (n, ceil(k/8))``.
+
+    Per block of rows, a histogram of the byte values of each byte column (one increment per byte, no
+    bit loop: 10x faster than counting bits for unary reports), then the bit counts of each byte value.
+    ``int32`` histograms (half the cache traffic of int64) with at most 2**30 rows per block; at most 32
+    blocks (enough for the threads to share) and at most ~4 MiB of histograms (``blocks x nbytes x 1 KiB``)."""
     n, nbytes = bits.shape
-    nchunks = (n + _CHUNK - 1) // _CHUNK
-    partial = np.zeros((nchunks, nbytes * 8), dtype=np.int64)
-    for c in nb.prange(nchunks):
-        row = partial[c]
-        for i in range(c * _CHUNK, min(n, (c + 1) * _CHUNK)):
+    nblocks = max(1, min((n + _CHUNK - 1) // _CHUNK, 32, 4096 // max(nbytes, 1)), (n + (1 << 30) - 1) >> 30)
+    step = (n + nblocks - 1) // nblocks
+    hist = np.zeros((nblocks, nbytes, 256), dtype=np.int32)
+    for c in nb.prange(nblocks):
+        h = hist[c]
+        for i in range(c * step, min(n, (c + 1) * step)):
             for b in range(nbytes):
-                byte = bits[i, b]
-                if byte:
-                    for t in range(8):
-                        row[b * 8 + t] += (byte >> t) & 1
-    return partial.sum(axis=0)[:k]
+                h[b, bits[i, b]] += 1
+    total = np.zeros((nbytes, 256), dtype=np.int64)
+    for c in range(nblocks):
+        total += hist[c]
+    out = np.zeros(nbytes * 8, dtype=np.int64)
+    for b in range(nbytes):
+        for v in range(1, 256):
+            cnt = total[b, v]
+            if cnt:
+                for t in range(8):
+                    if (v >> t) & 1:
+                        out[b * 8 + t] += cnt
+    return out[:k]
 
 
 @nb.njit(**_PAR)

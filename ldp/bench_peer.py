@@ -63,6 +63,65 @@ Notes on the mapping:
 * The peer's local-hashing aggregators (BLH, OLH, LOLOHA) re-hash every domain value for
   every report (k xxhash calls per report), so their aggregation is O(n*k) Python calls.
 
+Multidimensional solutions
+--------------------------
+The peer's ``mdim_freq_est`` (SPL, SMP, RS+FD; Arcolezi et al., CIKM 2021, for RS+FD) and
+``long_mdim_freq_est`` (L-SPL, L-SMP; Arcolezi et al., DCN 2022) packages are called the way
+their tutorials do: one client call per user with the user's tuple of ``d`` values (a Python
+list of ints), the reports collected in a list, then one aggregator call that returns the
+normalized estimates of all ``d`` attributes. ``lst_k`` is the list of domain sizes and ``d``
+its length. None of these clients is jitted: each is a Python loop over the ``d`` attributes
+(SPL, RS+FD) or one ``np.random.randint(d)`` draw and one call (SMP) around the jitted or plain
+single-attribute clients of the table above. SPL divides the budget by ``d`` itself; SMP,
+RS+FD and L-SMP receive the whole budget (RS+FD amplifies it itself: ``ln(d(e^eps - 1) + 1)``).
+
+==================  ======================================================================  ==========================================================
+our name            peer client call (module: mdim_freq_est.)                               peer aggregator call
+==================  ======================================================================  ==========================================================
+SPL[GRR]            SPL_solution.SPL_GRR_Client(x, lst_k, d, eps)                           SPL_GRR_Aggregator_MI(reports, lst_k, d, eps)
+SPL[SUE], SPL[OUE]  SPL_solution.SPL_UE_Client(x, lst_k, d, eps, optimal=False/True)        SPL_UE_Aggregator_MI(reports, d, eps, optimal)
+SPL[BLH], SPL[OLH]  SPL_solution.SPL_LH_Client(x, lst_k, d, eps, optimal=False/True)        SPL_LH_Aggregator_MI(reports, lst_k, d, eps, optimal)
+SPL[ADP]            SPL_solution.SPL_ADP_Client(x, lst_k, d, eps, optimal=True)             SPL_ADP_Aggregator_MI(reports, lst_k, d, eps, True)
+SPL[SS]             SPL_solution.SPL_SS_Client(x, lst_k, d, eps)                            SPL_SS_Aggregator_MI(reports, lst_k, d, eps)
+SMP[...]            SMP_solution.SMP_<GRR|UE|LH|ADP|SS>_Client, same arguments as SPL       SMP_<...>_Aggregator_MI, same arguments as SPL
+RS+FD[GRR]          RSpFD_solution.RSpFD_GRR_Client(x, lst_k, d, eps)                       RSpFD_GRR_Aggregator_MI(reports, lst_k, d, eps)
+RS+FD[OUE-z]        RSpFD_solution.RSpFD_UE_zero_Client(x, lst_k, d, eps, optimal=True)     RSpFD_UE_zero_Aggregator_MI(reports, lst_k, d, eps, True)
+RS+FD[SUE-z]        the same with optimal=False                                             the same with optimal=False
+RS+FD[OUE-r]        RSpFD_solution.RSpFD_UE_rnd_Client(x, lst_k, d, eps, optimal=True)      RSpFD_UE_rnd_Aggregator_MI(reports, lst_k, d, eps, True)
+RS+FD[SUE-r]        the same with optimal=False                                             the same with optimal=False
+RS+FD[ADP]          RSpFD_solution.RSpFD_ADP_Client(x, lst_k, d, eps, optimal=True)         RSpFD_ADP_Aggregator_MI(reports, lst_k, d, eps, True)
+==================  ======================================================================  ==========================================================
+
+==================  ======================================================================  ==========================================================
+our name            peer client call (module: long_mdim_freq_est.)                          peer aggregator call
+==================  ======================================================================  ==========================================================
+L-SPL[L-GRR]        L_SPL_Solution.SPL_L_GRR_Client(x, lst_k, d, eps_perm, eps_1)           SPL_L_GRR_Aggregator_MI(reports, lst_k, d, eps_perm, eps_1)
+L-SPL[L-ADP]        L_SPL_Solution.SPL_L_ADP_Client(x, lst_k, d, eps_perm, eps_1)           SPL_L_ADP_Aggregator_MI(reports, lst_k, d, eps_perm, eps_1)
+L-SPL[L-<UE>]       L_SPL_Solution.SPL_L_<UE>_Client(x, lst_k, d, eps_perm, eps_1),         SPL_L_<UE>_Aggregator_MI(reports, d, eps_perm, eps_1)
+                      <UE> = SUE, OUE, OSUE, SOUE
+L-SPL[dBitFlipPM]   L_SPL_Solution.SPL_dBitFlipPM_Client(x, lst_k, lst_b, d_bits, d,        SPL_dBitFlipPM_Aggregator_MI(reports, lst_b, d_bits, d,
+                      eps_perm), lst_b = lst_k                                                eps_perm)
+L-SMP[...]          L_SMP_Solution.SMP_L_<...>_Client, same arguments as L-SPL              SMP_L_<...>_Aggregator_MI, same arguments as L-SPL
+ALLOMFREE           L_SMP_Solution.SMP_L_ADP_Client(x, lst_k, d, eps_perm, eps_1)           SMP_L_ADP_Aggregator_MI(reports, lst_k, d, eps_perm, eps_1)
+==================  ======================================================================  ==========================================================
+
+Notes on the mapping:
+
+* A *report* of a solution is one user's report for one collection: the list of ``d``
+  sanitized values or UE vectors (SPL, RS+FD, L-SPL) or the pair (sampled attribute, sanitized
+  value) (SMP, L-SMP, ALLOMFREE). Rates are users (one report each) per second.
+* ALLOMFREE: the peer's ``L_ADP_Client`` is documented as "a.k.a. ALLOMFREE" (L-GRR or L-OSUE,
+  whichever has the smaller approximate variance, Arcolezi et al., DCN 2022, Algorithm 1), and
+  ``SMP_L_ADP_Client`` samples the attribute, so L-SMP[L-ADP] is the peer's ALLOMFREE. Its
+  L-GRR ``p2`` is the closed form of DCN 2022, Eq. 13 (our ``calibration="paper"``).
+* The peer's SMP clients draw the sampled attribute anew at every call; L-SMP, like its
+  longitudinal clients, keeps no per-user state and redoes the memoized round at every call.
+* RS+FD[ADP] picks, per attribute, RS+FD[GRR] or RS+FD[OUE-z] by the smaller variance (the
+  peer's ``Variance_RSpFD``), the fake data following the chosen variant.
+* The peer's SPL/RS+FD aggregators first turn the list of reports into a ``dtype=object``
+  array and slice a column per attribute; SMP aggregators regroup the reports by attribute
+  in a Python loop.
+
 Timing rules
 ------------
 * Inputs: ``numpy.random.default_rng(seed).integers(0, k, n)``, converted to Python ints.
@@ -78,6 +137,11 @@ Timing rules
   more than 1 GiB), in which case ``m`` is the largest prefix that fits (at least 200).
   Short runs are repeated (up to 5 times within 0.5 s) and the fastest is kept.
   Rate = m / seconds (aggregation cost is linear in the number of reports).
+* Solutions: inputs are :func:`solution_values` (column ``j`` uniform on ``range(k_j)``, the
+  same array our side is timed on), converted to lists of Python ints. The client is called
+  ``16 d`` times before timing, so that the numba specializations of every attribute and
+  sub-protocol are compiled. The rules above then apply per user; the timing functions also
+  return how many users were timed, so that a caller can say when a prefix was used.
 """
 
 from __future__ import annotations
@@ -86,15 +150,20 @@ import functools
 import importlib
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 __all__ = [
     "PEER_PROTOCOLS",
+    "PEER_SOLUTIONS",
+    "PeerSolutionSpec",
     "PeerSpec",
     "peer_available",
+    "solution_values",
     "time_peer_randomize",
+    "time_peer_solution_randomize",
+    "time_peer_solution_support",
     "time_peer_support",
 ]
 
@@ -153,7 +222,7 @@ def peer_available() -> bool:
 
         # xxhash>=4 refuses str input, which the peer's LH code passes.
         xxhash.xxh32("1", seed=1).intdigest()
-        for mod in {spec.module for spec in PEER_PROTOCOLS.values()}:
+        for mod in {spec.module for spec in (*PEER_PROTOCOLS.values(), *PEER_SOLUTIONS.values())}:
             importlib.import_module(f"{_PKG}.{mod}")
     except Exception:  # ImportError, TypeError from xxhash 4, numba/numpy mismatch, ...
         return False
@@ -239,6 +308,68 @@ def _inputs(k: int, n: int, seed: int) -> list[int]:
     return np.random.default_rng(seed).integers(0, k, size=n).tolist()
 
 
+def _time_clients(client: Callable[..., Any], args: tuple[Any, ...], values: list[Any],
+                  max_seconds: float) -> tuple[float, int]:
+    """(users/second, users timed) of ``[client(x, *args) for x in values]``, in chunks, stopping
+    after max_seconds (at least ``min(len(values), 200)`` users are timed)."""
+    n = len(values)
+    min_users = min(n, _MIN_USERS)
+    done = 0
+    chunk = min_users
+    t0 = time.perf_counter()
+    while done < n:
+        stop = min(n, done + chunk)
+        _reports = [client(x, *args) for x in values[done:stop]]
+        done = stop
+        elapsed = time.perf_counter() - t0
+        if elapsed >= max_seconds and done >= min_users:
+            break
+        # next chunk: ~2% of the budget, so we overshoot max_seconds only a little
+        rate = done / max(elapsed, 1e-9)
+        chunk = int(min(max(rate * max_seconds * 0.02, 16), 100_000))
+    elapsed = time.perf_counter() - t0
+    return done / elapsed, done
+
+
+def _report_nbytes(report: Any) -> int:
+    """Rough memory of one peer report (ndarray data, plus object overhead), for the 1 GiB cap."""
+    if isinstance(report, (list, tuple)):
+        return sum(_report_nbytes(r) for r in report) + 100
+    return getattr(report, "nbytes", 0) + 100
+
+
+def _time_aggregator(client: Callable[..., Any], cargs: tuple[Any, ...], agg: Callable[..., Any],
+                     aargs: tuple[Any, ...], values: list[Any], max_seconds: float) -> tuple[float, int]:
+    """(reports/second, reports aggregated) of the peer's aggregator on reports of its own client
+    (see "Timing rules"); the caller has warmed up and seeded the client."""
+    n = len(values)
+    # 1) calibration on a small prefix
+    m0 = min(n, _MIN_USERS)
+    t0 = time.perf_counter()
+    reports = [client(x, *cargs) for x in values[:m0]]
+    gen_per_report = (time.perf_counter() - t0) / m0
+    agg(reports[: min(m0, 20)], *aargs)  # warm-up of the aggregator
+    t_cal = _time_call(lambda: agg(reports, *aargs), budget=min(0.5, max_seconds))
+    if m0 == n:
+        return n / t_cal, n
+
+    # 2) choose how many reports to time
+    per_report = t_cal / m0
+    m = n
+    if per_report * n > max_seconds:
+        m = int(max_seconds * 0.9 / per_report)
+    if gen_per_report * m > max_seconds:
+        m = int(max_seconds / gen_per_report)
+    m = min(m, _MAX_REPORT_BYTES // _report_nbytes(reports[0]))
+    m = max(min(m, n), m0)
+    if m == m0:
+        return m0 / t_cal, m0
+
+    reports.extend(client(x, *cargs) for x in values[m0:m])
+    t = _time_call(lambda: agg(reports, *aargs), budget=min(0.5, max_seconds))
+    return m / t, m
+
+
 def time_peer_randomize(
     name: str,
     k: int,
@@ -261,23 +392,7 @@ def time_peer_randomize(
     _seed_all(seed)
     client(values[0], *args)  # warm-up: numba compilation happens here
     _seed_all(seed)
-
-    min_users = min(n, _MIN_USERS)
-    done = 0
-    chunk = min_users
-    t0 = time.perf_counter()
-    while done < n:
-        stop = min(n, done + chunk)
-        _reports = [client(x, *args) for x in values[done:stop]]
-        done = stop
-        elapsed = time.perf_counter() - t0
-        if elapsed >= max_seconds and done >= min_users:
-            break
-        # next chunk: ~2% of the budget, so we overshoot max_seconds only a little
-        rate = done / max(elapsed, 1e-9)
-        chunk = int(min(max(rate * max_seconds * 0.02, 16), 100_000))
-    elapsed = time.perf_counter() - t0
-    return done / elapsed
+    return _time_clients(client, args, values, max_seconds)[0]
 
 
 def _time_call(fn: Callable[[], Any], budget: float) -> float:
@@ -317,30 +432,171 @@ def time_peer_support(
     _seed_all(seed)
     client(values[0], *cargs)  # warm-up
     _seed_all(seed)
+    return _time_aggregator(client, cargs, agg, aargs, values, max_seconds)[0]
 
-    # 1) calibration on a small prefix
-    m0 = min(n, _MIN_USERS)
-    t0 = time.perf_counter()
-    reports = [client(x, *cargs) for x in values[:m0]]
-    gen_per_report = (time.perf_counter() - t0) / m0
-    agg(reports[: min(m0, 20)], *aargs)  # warm-up of the aggregator
-    t_cal = _time_call(lambda: agg(reports, *aargs), budget=min(0.5, max_seconds))
-    if m0 == n:
-        return n / t_cal
 
-    # 2) choose how many reports to time
-    per_report = t_cal / m0
-    m = n
-    if per_report * n > max_seconds:
-        m = int(max_seconds * 0.9 / per_report)
-    if gen_per_report * m > max_seconds:
-        m = int(max_seconds / gen_per_report)
-    nbytes = getattr(reports[0], "nbytes", 0) + 100  # ndarray data + object overhead
-    m = min(m, _MAX_REPORT_BYTES // nbytes)
-    m = max(min(m, n), m0)
-    if m == m0:
-        return m0 / t_cal
+# --------------------------------------------------------------------------- multidimensional
 
-    reports.extend(client(x, *cargs) for x in values[m0:m])
-    t = _time_call(lambda: agg(reports, *aargs), budget=min(0.5, max_seconds))
-    return m / t
+
+@dataclass(frozen=True)
+class PeerSolutionSpec:
+    """How to call the peer for one of our (solution, protocol) pairs."""
+
+    module: str          # module under multi_freq_ldpy, e.g. "mdim_freq_est.SPL_solution"
+    client: str          # client function: one call sanitizes one user's tuple of d values
+    aggregator: str      # aggregator function: one call estimates all d attributes
+    shape: str           # "ks": the aggregator takes lst_k; "no_ks": it does not; "dbit": dBitFlipPM's
+    longitudinal: bool   # budget (eps_perm, eps_1) = our (eps_inf, eps_1), else eps
+    optimal: bool | None = None   # value of the peer's ``optimal`` argument, if any
+
+    @property
+    def client_path(self) -> str:
+        return f"{_PKG}.{self.module}.{self.client}"
+
+    @property
+    def aggregator_path(self) -> str:
+        return f"{_PKG}.{self.module}.{self.aggregator}"
+
+
+def _solution_specs() -> dict[tuple[str, str | None], PeerSolutionSpec]:
+    """The table of the module docstring, as data."""
+    specs: dict[tuple[str, str | None], PeerSolutionSpec] = {}
+    pure = {"GRR": ("GRR", "ks", None), "SUE": ("UE", "no_ks", False), "OUE": ("UE", "no_ks", True),
+            "BLH": ("LH", "ks", False), "OLH": ("LH", "ks", True), "ADP": ("ADP", "ks", True),
+            "SS": ("SS", "ks", None)}
+    for sol, mod in (("SPL", "SPL_solution"), ("SMP", "SMP_solution")):
+        for proto, (fo, shape, opt) in pure.items():
+            specs[sol, proto] = PeerSolutionSpec(
+                f"mdim_freq_est.{mod}", f"{sol}_{fo}_Client", f"{sol}_{fo}_Aggregator_MI", shape, False, opt)
+    rsfd = {"GRR": ("GRR", None), "OUE-z": ("UE_zero", True), "SUE-z": ("UE_zero", False),
+            "OUE-r": ("UE_rnd", True), "SUE-r": ("UE_rnd", False), "ADP": ("ADP", True)}
+    for proto, (fo, opt) in rsfd.items():
+        specs["RS+FD", proto] = PeerSolutionSpec(
+            "mdim_freq_est.RSpFD_solution", f"RSpFD_{fo}_Client", f"RSpFD_{fo}_Aggregator_MI", "ks", False, opt)
+    long = {"L-GRR": ("L_GRR", "ks"), "L-SUE": ("L_SUE", "no_ks"), "L-OUE": ("L_OUE", "no_ks"),
+            "L-OSUE": ("L_OSUE", "no_ks"), "L-SOUE": ("L_SOUE", "no_ks"), "L-ADP": ("L_ADP", "ks"),
+            "dBitFlipPM": ("dBitFlipPM", "dbit")}
+    for sol, mod in (("L-SPL", "L_SPL_Solution"), ("L-SMP", "L_SMP_Solution")):
+        pre = sol[2:]
+        for proto, (fo, shape) in long.items():
+            specs[sol, proto] = PeerSolutionSpec(
+                f"long_mdim_freq_est.{mod}", f"{pre}_{fo}_Client", f"{pre}_{fo}_Aggregator_MI", shape, True)
+    # the peer's L_ADP_Client says "a.k.a. ALLOMFREE": L-SMP with L-GRR or L-OSUE by the smaller variance
+    specs["ALLOMFREE", None] = specs["L-SMP", "L-ADP"]
+    return specs
+
+
+PEER_SOLUTIONS: dict[tuple[str, str | None], PeerSolutionSpec] = _solution_specs()
+
+
+def solution_values(ks: Sequence[int], n: int, seed: int) -> np.ndarray:
+    """The (n, d) int64 inputs of a solution benchmark: column j uniform on ``range(ks[j])``."""
+    if n < 1 or len(ks) < 1 or min(ks) < 2:
+        raise ValueError("need n >= 1, at least one attribute and every k >= 2")
+    rng = np.random.default_rng(seed)
+    return np.column_stack([rng.integers(0, int(k), size=n) for k in ks])
+
+
+def _bind_solution(
+    solution: str,
+    protocol: str | None,
+    ks: Sequence[int],
+    eps: float | None,
+    eps_inf: float | None,
+    eps_1: float | None,
+    d_bits: int,
+) -> tuple[Callable[..., Any], tuple[Any, ...], Callable[..., Any], tuple[Any, ...]]:
+    """Return (client, client_args_after_tuple, aggregator, aggregator_args_after_reports)."""
+    key = (solution, protocol)
+    if key not in PEER_SOLUTIONS:
+        raise KeyError(f"peer has no solution {solution}[{protocol}]; known: "
+                       f"{sorted(f'{s}[{p}]' for s, p in PEER_SOLUTIONS)}")
+    spec = PEER_SOLUTIONS[key]
+    try:
+        module = importlib.import_module(f"{_PKG}.{spec.module}")
+    except Exception as exc:
+        raise RuntimeError(
+            'multi-freq-ldpy is not usable; pip install "multi-freq-ldpy==0.2.5" "xxhash<4" numba'
+        ) from exc
+    client = getattr(module, spec.client)
+    agg = getattr(module, spec.aggregator)
+    lst_k = [int(k) for k in ks]  # the peer checks isinstance(k, int)
+    d = len(lst_k)
+    if spec.shape == "dbit":
+        e_perm = eps_inf if eps_inf is not None else eps
+        if e_perm is None:
+            raise ValueError(f"{solution}[{protocol}] needs eps_inf (or eps)")
+        lst_b = list(lst_k)
+        return (client, (lst_k, lst_b, int(d_bits), d, float(e_perm)),
+                agg, (lst_b, int(d_bits), d, float(e_perm)))
+    if spec.longitudinal:
+        if eps_inf is None or eps_1 is None:
+            raise ValueError(f"{solution}[{protocol}] needs eps_inf and eps_1")
+        if not eps_1 < eps_inf:
+            raise ValueError(f"{solution}: the peer requires eps_1 < eps_inf (got {eps_1}, {eps_inf})")
+        budget: tuple[Any, ...] = (float(eps_inf), float(eps_1))
+    else:
+        if eps is None:
+            raise ValueError(f"{solution}[{protocol}] needs eps")
+        budget = (float(eps),)
+    opt = () if spec.optimal is None else (spec.optimal,)
+    cargs = (lst_k, d, *budget, *opt)
+    aargs = cargs if spec.shape == "ks" else (d, *budget, *opt)
+    return client, cargs, agg, aargs
+
+
+def _solution_setup(solution: str, protocol: str | None, ks: Sequence[int], n: int,
+                    eps: float | None, eps_inf: float | None, eps_1: float | None, seed: int, d_bits: int
+                    ) -> tuple[Callable[..., Any], tuple[Any, ...], Callable[..., Any], tuple[Any, ...], list[Any]]:
+    client, cargs, agg, aargs = _bind_solution(solution, protocol, ks, eps, eps_inf, eps_1, d_bits)
+    values = solution_values(ks, n, seed).tolist()
+    _seed_all(seed)
+    # warm-up: SMP clients sample one attribute per call and adaptive ones (ADP, L-ADP) switch
+    # sub-protocol per attribute, so call enough times that every numba specialization is compiled
+    for x in values[: min(n, 16 * len(ks))]:
+        client(x, *cargs)
+    _seed_all(seed)
+    return client, cargs, agg, aargs, values
+
+
+def time_peer_solution_randomize(
+    solution: str,
+    protocol: str | None,
+    ks: Sequence[int],
+    n: int,
+    eps: float | None = None,
+    eps_inf: float | None = None,
+    eps_1: float | None = None,
+    seed: int = 0,
+    max_seconds: float = 5.0,
+    *,
+    d_bits: int = 1,
+) -> tuple[float, int]:
+    """(reports/second, users timed) of the peer's multidimensional client: one call per user,
+    on the inputs of :func:`solution_values` (a prefix of >= 200 users if slow).
+
+    ``protocol`` is None for ALLOMFREE. A report is one user's whole sanitized tuple (SPL, RS+FD)
+    or its (sampled attribute, sanitized value) pair (SMP); ``d_bits`` is dBitFlipPM's (b = k).
+    """
+    client, cargs, _, _, values = _solution_setup(solution, protocol, ks, n, eps, eps_inf, eps_1, seed, d_bits)
+    return _time_clients(client, cargs, values, max_seconds)
+
+
+def time_peer_solution_support(
+    solution: str,
+    protocol: str | None,
+    ks: Sequence[int],
+    n: int,
+    eps: float | None = None,
+    eps_inf: float | None = None,
+    eps_1: float | None = None,
+    seed: int = 0,
+    max_seconds: float = 5.0,
+    *,
+    d_bits: int = 1,
+) -> tuple[float, int]:
+    """(reports/second, reports aggregated) of the peer's multidimensional aggregator (estimates of
+    all d attributes in one call) on reports of its own client; a prefix of >= 200 if slow."""
+    client, cargs, agg, aargs, values = _solution_setup(
+        solution, protocol, ks, n, eps, eps_inf, eps_1, seed, d_bits)
+    return _time_aggregator(client, cargs, agg, aargs, values, max_seconds)

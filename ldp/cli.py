@@ -260,23 +260,41 @@ def audit(protocol: Annotated[Optional[str], typer.Argument(help="Protocol to au
 @bench_app.command("protocols")
 def bench_protocols(k: K = 100, n: Annotated[int, typer.Option(help="Reports per measurement.")] = 100_000,
                     eps: EPS = 1.0, eps_inf: EPS_INF = 2.0, eps_1: EPS_1 = 1.0,
-                    protocol: Annotated[Optional[list[str]], typer.Option("--protocol", "-p")] = None,
+                    protocol: Annotated[Optional[list[str]], typer.Option(
+                        "--protocol", "-p", help="Protocol (repeatable; 'all' for every one).")] = None,
+                    solution: Annotated[Optional[list[str]], typer.Option(
+                        "--solution", "-s",
+                        help="Multidimensional solution, e.g. 'SPL[GRR]', 'RS+FD[OUE-z]', 'L-SMP[L-OSUE]', "
+                             "'ALLOMFREE' (repeatable; 'default' for the standard set). With neither -p nor -s: "
+                             "every protocol and the standard set of solutions.")] = None,
+                    ks: Annotated[str, typer.Option(
+                        "--ks", help="Domain sizes of the solutions' attributes, comma-separated.")] = "2,10,50,200",
                     repeats: Annotated[int, typer.Option(help="Best of this many runs of ours.")] = 5,
                     peer_seconds: Annotated[float, typer.Option(help="Time budget of each peer measurement.")] = 4.0,
                     seed: SEED = 0) -> None:
-    """reports/s of randomize and support (+estimate), ours vs multi-freq-ldpy, in one run."""
+    """reports/s of randomize and support (+estimate), ours vs multi-freq-ldpy, in one run: single-attribute
+    protocols (domain size --k) and multidimensional solutions (domain sizes --ks)."""
     from . import bench_peer
 
     have_peer = bench_peer.peer_available()
     if not have_peer:
         console.print("[yellow]multi-freq-ldpy is not installed (pip install -e '.[bench]'): peer columns empty[/yellow]")
-    names = protocol or list(estimators.PROTOCOLS)
+    names = list(estimators.PROTOCOLS) if (protocol is None and solution is None) or protocol == ["all"] \
+        else list(protocol or ())
+    try:
+        sols = _solution_specs(solution or ([] if protocol else ["default"]))
+    except ValueError as exc:
+        _fail(exc)
+    domains = _sequence(ks, "--ks") or ()
+    if sols and (not domains or min(domains) < 2):
+        _fail(LDPError(f"--ks needs at least one domain size, each >= 2, got {ks!r}"))
     # randomize: >= 20x with cryptographic device randomness (ChaCha20 streams, 256-bit keys)
     targets = {("OUE", "rand"): 20, ("OLH", "rand"): 20, ("L-OSUE", "rand"): 20, ("GRR", "rand"): 20,
                ("OLH", "agg"): 50, ("LOLOHA", "agg"): 50}
-    rows = []
+    targets.update({(_solution_label(*s), kind): 20 for s in sols for kind in ("rand", "agg")})
+    rows, sol_rows, prefixes = [], [], []
     with progress() as bar:
-        task = bar.add_task("benchmarking", total=len(names))
+        task = bar.add_task("benchmarking", total=len(names) + len(sols))
         for name in names:
             bar.update(task, description=f"bench {name}")
             try:
@@ -297,9 +315,26 @@ def bench_protocols(k: K = 100, n: Annotated[int, typer.Option(help="Reports per
                 peer_a = bench_peer.time_peer_support(name, k, n, **kw)
             rows.append((name, ours_r, peer_r, ours_a, peer_a))
             bar.advance(task)
-    t = Table(title=f"protocol throughput, k={k}, n={n:,} (reports/s; ratio = ours / multi-freq-ldpy, same run)")
-    for col in ("protocol", "randomize", "peer client", "ratio", "support+estimate", "peer aggregator", "ratio"):
-        t.add_column(col, justify="left" if col == "protocol" else "right")
+        if sols:
+            values = bench_peer.solution_values(domains, n, seed)
+        for sol_name, proto in sols:
+            label = _solution_label(sol_name, proto)
+            bar.update(task, description=f"bench {label}")
+            try:
+                sol = _build_solution(sol_name, proto, domains, eps, eps_inf, eps_1)
+            except LDPError as exc:
+                console.print(f"[yellow]{label}: {exc}[/yellow]")
+                bar.advance(task)
+                continue
+            ours_r, ours_a = _time_ours_solution(sol, values, repeats)
+            peer_r = peer_a = None
+            if have_peer and (sol_name, proto) in bench_peer.PEER_SOLUTIONS:
+                kw = dict(eps=eps, eps_inf=eps_inf, eps_1=eps_1, seed=seed, max_seconds=peer_seconds)
+                peer_r, m_r = bench_peer.time_peer_solution_randomize(sol_name, proto, domains, n, **kw)
+                peer_a, m_a = bench_peer.time_peer_solution_support(sol_name, proto, domains, n, **kw)
+                prefixes += [f"{label} {what} m={m:,}" for what, m in (("client", m_r), ("aggregator", m_a)) if m < n]
+            sol_rows.append((label, ours_r, peer_r, ours_a, peer_a))
+            bar.advance(task)
 
     def ratio(name: str, kind: str, a: float, b: float | None) -> str:
         if not b:
@@ -309,45 +344,205 @@ def bench_protocols(k: K = 100, n: Annotated[int, typer.Option(help="Reports per
         mark = "" if target is None else (f" [green]≥{target} ok[/green]" if r >= target else f" [red]<{target}![/red]")
         return f"{r:,.0f}x{mark}"
 
-    for name, r_o, r_p, a_o, a_p in rows:
-        t.add_row(name, _si(r_o), _si(r_p), ratio(name, "rand", r_o, r_p),
-                  _si(a_o), _si(a_p), ratio(name, "agg", a_o, a_p))
-    console.print(t)
+    tables = []
+    if rows:
+        tables.append((f"protocol throughput, k={k}, n={n:,} (reports/s; ratio = ours / multi-freq-ldpy, same run)",
+                       "protocol", rows))
+    if sol_rows:
+        tables.append((f"multidimensional solutions, d={len(domains)}, ks={','.join(map(str, domains))}, ε={eps:g} "
+                       f"(longitudinal: ε∞={eps_inf:g}, ε1={eps_1:g}), n={n:,} (devices/s, one report each; "
+                       f"ratio = ours / multi-freq-ldpy, same run)", "solution", sol_rows))
+    for title, first, table_rows in tables:
+        t = Table(title=title)
+        for col in (first, "randomize", "peer client", "ratio", "support+estimate", "peer aggregator", "ratio"):
+            t.add_column(col, justify="left" if col == first else "right")
+        for name, r_o, r_p, a_o, a_p in table_rows:
+            t.add_row(name, _si(r_o), _si(r_p), ratio(name, "rand", r_o, r_p),
+                      _si(a_o), _si(a_p), ratio(name, "agg", a_o, a_p))
+        console.print(t)
+    if sol_rows:
+        console.print("solutions: ours = randomize of n devices (OS CSPRNG keys; state made once, outside the timing) "
+                      "and support + report counts + every attribute's estimate; peer = one client call per device, "
+                      "then one aggregator call (ALLOMFREE vs the peer's L-SMP[L-ADP], its 'ALLOMFREE')")
+        if prefixes:
+            console.print(f"peer subsampled (per-report rate over the first m of the {n:,} devices, "
+                          f"--peer-seconds {peer_seconds:g}): " + "; ".join(prefixes))
+
+
+_DEFAULT_SOLUTIONS = ("SPL[GRR]", "SPL[OUE]", "SPL[ADP]", "SMP[GRR]", "SMP[OUE]", "SMP[ADP]", "RS+FD[GRR]",
+                      "RS+FD[OUE-z]", "RS+FD[OUE-r]", "RS+FD[ADP]", "L-SPL[L-GRR]", "L-SPL[L-OSUE]",
+                      "L-SMP[L-GRR]", "L-SMP[L-OSUE]", "ALLOMFREE")
+
+
+def _solution_specs(texts: list[str]) -> list[tuple[str, Optional[str]]]:
+    """'SPL[GRR]' -> ('SPL', 'GRR'); 'ALLOMFREE' -> ('ALLOMFREE', None); 'default' -> the standard set."""
+    specs: list[tuple[str, Optional[str]]] = []
+    for text in texts:
+        if text.strip() == "default":
+            specs += _solution_specs(list(_DEFAULT_SOLUTIONS))
+            continue
+        name, bracket, rest = text.strip().partition("[")
+        if bracket and not (rest.endswith("]") and rest[:-1].strip()):
+            raise ValueError(f"--solution {text!r}: write SOLUTION[PROTOCOL], e.g. 'RS+FD[OUE-z]'")
+        specs.append((name.strip(), rest[:-1].strip() if bracket else None))
+    return specs
+
+
+def _solution_label(name: str, protocol: Optional[str]) -> str:
+    return name if protocol is None else f"{name}[{protocol}]"
+
+
+def _build_solution(name: str, protocol: Optional[str], ks: tuple[int, ...], eps: float, eps_inf: float,
+                    eps_1: float) -> estimators.Solution:
+    """``estimators.make_solution`` with the options the solution takes (ε, or ε∞ and ε1; the protocol)."""
+    from estimators.registry import solution_parameters
+
+    takes = solution_parameters(name)
+    if protocol is not None and "protocol" not in takes:
+        raise LDPError(f"{name} takes no protocol (it chooses its own); write {name}")
+    opts = dict(eps=eps, eps_inf=eps_inf, eps_1=eps_1, protocol=protocol)
+    return estimators.make_solution(name, ks=list(ks),
+                                    **{o: v for o, v in opts.items() if o in takes and v is not None})
+
+
+def _support_estimate(sol: estimators.Solution, out: estimators.MultiReports) -> list[np.ndarray]:
+    """What the server does with one step's reports: support counts, report counts, d estimates."""
+    counts, ns = sol.support(out), sol.report_counts(out)
+    return [sol.estimate(j, counts[j], ns[j]) for j in range(len(counts))]
+
+
+def _time_ours_solution(sol: estimators.Solution, values: np.ndarray, repeats: int) -> tuple[float, float]:
+    """Best-of-``repeats`` devices/s of a solution's randomize and of support + estimate (after a warm-up).
+
+    As on real devices, keys and the per-device state (sampled attribute, memo keys) come from the OS
+    CSPRNG; the state is made once, before the timing, like the memo keys of ``_time_ours``."""
+    n = len(values)
+    warm = min(n, 64)
+    _support_estimate(sol, sol.randomize(values[:warm], state=sol.new_state(warm)))
+    state = sol.new_state(n)
+    best_r = best_a = float("inf")
+    for _ in range(max(1, repeats)):
+        t0 = time.perf_counter()
+        out = sol.randomize(values, state=state)
+        t1 = time.perf_counter()
+        _support_estimate(sol, out)
+        t2 = time.perf_counter()
+        best_r, best_a = min(best_r, t1 - t0), min(best_a, t2 - t1)
+    return n / best_r, n / best_a
 
 
 @bench_app.command("pipeline")
-def bench_pipeline(steps: Annotated[int, typer.Option(help="Time steps per protocol.")] = 8,
+def bench_pipeline(steps: Annotated[int, typer.Option(help="Time steps per protocol and measurement.")] = 8,
                    grr_reports: Annotated[int, typer.Option(help="GRR reports per step.")] = 5_000_000,
                    losue_reports: Annotated[int, typer.Option(help="L-OSUE reports per step.")] = 1_000_000,
                    message_bytes: Annotated[int, typer.Option(help="Target Kafka message size (bytes).")] = 1_000_000,
-                   workers: Annotated[int, typer.Option(help="Stream-app worker processes.")] = 1) -> None:
-    """End-to-end reports/s (produce → final estimate) and latency, next to the raw broker, same bytes."""
-    from .bench_pipeline import run_bench
+                   workers: Annotated[int, typer.Option(
+                       help="Most stream-app worker processes: the scaling table has 1, 2, 4, ... and this many.")] = 1,
+                   partitions: Annotated[Optional[int], typer.Option(
+                       help="Partitions of ldp.reports (same in every row); default: max(4, --workers).")] = None,
+                   runs: Annotated[int, typer.Option(
+                       help="Measured runs per row and of the raw broker, in turns; the table shows the median "
+                            "and the range.")] = 3,
+                   protocol: Annotated[Optional[list[str]], typer.Option(
+                       "--protocol", "-p", help="GRR and/or L-OSUE (repeatable); default: both.")] = None,
+                   latency: Annotated[bool, typer.Option(
+                       help="Also measure the latency under a paced load (with --workers workers).")] = True) -> None:
+    """End-to-end reports/s (produce → final estimate) with 1, 2, 4, ... workers and latency, next to the raw
+    broker, same bytes, one run."""
+    from .bench_pipeline import run_scaling
 
-    targets = {"rate": 2e6, "ratio": 0.25, "p95": 2.0}
-    rows = []
-    for proto, per, params in (("GRR", grr_reports, dict(eps=1.0)), ("L-OSUE", losue_reports, dict(eps_inf=2.0, eps_1=1.0))):
-        p = build(proto, k=100, **params)
-        per_report = p.report_nbytes
+    known = {"GRR": (grr_reports, dict(eps=1.0)), "L-OSUE": (losue_reports, dict(eps_inf=2.0, eps_1=1.0))}
+    names = protocol or list(known)
+    bad = [n for n in names if n not in known]
+    if bad or min(workers, runs, partitions or 1) < 1:
+        _fail(ValueError(f"unknown protocol(s) {bad} (GRR, L-OSUE)" if bad else
+                         "--workers, --runs and --partitions must be >= 1"))
+    targets = {"rate": 2e6, "ratio": 0.25, "p95": 2.0, "scale": 0.9}
+    results = []
+    for name in names:
+        per, params = known[name]
+        per_report = build(name, k=100, **params).report_nbytes
         batch = max(1_000, min(per, message_bytes // per_report))
-        rows.append(run_bench(proto, 100, steps, per, batch, workers=workers,
-                              on_status=lambda s: console.print(f"[dim]{s}[/dim]"), **params))
-    t = Table(title=f"pipeline throughput, k=100, {workers} worker(s), ~{message_bytes / 1e6:g} MB messages (same run)")
-    for col in ("protocol", "reports", "MB", "raw broker", "end to end", "ratio", "latency p95", "latency max",
-                "p95 saturated"):
+        results.append(run_scaling(name, 100, steps, per, batch, workers, partitions=partitions, runs=runs,
+                                   latency_load=0.5 if latency else None,
+                                   on_status=lambda s: console.print(f"[dim]{s}[/dim]"), **params))
+    parts = results[0]["partitions"]
+    raw = " / ".join(f"{r['protocol']} {_si(r['raw_rate'])}" for r in results)
+    t = Table(title=f"pipeline scaling, k=100, {parts} partitions, ~{message_bytes / 1e6:g} MB messages, "
+                    f"{steps} steps per run, {results[0]['broker_storage']} broker storage "
+                    f"(same run{f', median of {runs} runs' if runs > 1 else ''})")
+    for col in ("protocol", "workers", "owning", "reports/s", "range", "x raw broker", "x 1 worker", "p95 saturated"):
         t.add_column(col, justify="left" if col == "protocol" else "right")
-    for r in rows:
-        ok_rate = r["protocol"] != "GRR" or r["pipeline_rate"] >= targets["rate"]
-        t.add_row(r["protocol"], f"{r['reports']:,}", f"{r['bytes'] / 1e6:.0f}", _si(r["raw_rate"]) + "/s",
-                  ("" if ok_rate else "[red]") + _si(r["pipeline_rate"]) + "/s",
-                  f"{r['ratio']:.2f}" + ("" if r["ratio"] >= targets["ratio"] else " [red]<0.25[/red]"),
-                  f"{r['p95_latency']:.2f} s" + ("" if r["p95_latency"] < targets["p95"] else " [red]≥2s[/red]"),
-                  f"{max(r['latencies']):.2f} s", f"{r['saturated_p95_latency']:.2f} s")
+    for r in results:
+        one = r["rows"][0].rate
+        for row in r["rows"]:
+            vs1 = row.rate / one
+            mark = "" if row.workers == 1 or vs1 >= targets["scale"] else " [red]<0.9![/red]"
+            spread = f"{_si(min(row.rates))}–{_si(max(row.rates))}" if len(row.rates) > 1 else "-"
+            owning = str(row.owners) + (" [yellow](rebalanced)[/yellow]" if row.rebalanced else "")
+            t.add_row(r["protocol"], str(row.workers), owning, _si(row.rate) + "/s", spread,
+                      f"{row.rate / r['raw_rate']:.2f}", f"{vs1:.2f}{mark}", f"{np.median(row.saturated_p95):.2f} s")
     console.print(t)
-    console.print("latency: last report of a step (its watermark acknowledged) → final estimate on ldp.estimates, "
-                  "with the producer paced at 50% of the measured end-to-end rate; 'saturated' = the same in the "
-                  "throughput run, where it is the queue of a producer outrunning the workers")
-    console.print("targets: GRR ≥ 2M reports/s end to end, ≥ 0.25 of the raw broker, p95 latency < 2 s")
+    console.print(f"raw broker = produce (acks=all) + consume of the same bytes, no processing (median {raw} reports/s); "
+                  f"each row is a consumer group of its own, started, settled (each worker owns partitions) and "
+                  f"warmed up first, then frozen while the others run; the rows and the raw broker are measured in "
+                  f"turns; the steps of a run take the {parts} partitions in turn")
+    if latency:
+        t = Table(title=f"pipeline throughput and latency, k=100, {workers} worker(s), "
+                        f"~{message_bytes / 1e6:g} MB messages (same run)")
+        for col in ("protocol", "reports", "MB", "raw broker", "end to end", "ratio", "latency p95", "latency max",
+                    "p95 saturated"):
+            t.add_column(col, justify="left" if col == "protocol" else "right")
+        for r in results:
+            ok_rate = r["protocol"] != "GRR" or r["pipeline_rate"] >= targets["rate"]
+            t.add_row(r["protocol"], f"{r['reports']:,}", f"{r['bytes'] / 1e6:.0f}", _si(r["raw_rate"]) + "/s",
+                      ("" if ok_rate else "[red]") + _si(r["pipeline_rate"]) + "/s",
+                      f"{r['ratio']:.2f}" + ("" if r["ratio"] >= targets["ratio"] else " [red]<0.25[/red]"),
+                      f"{r['p95_latency']:.2f} s" + ("" if r["p95_latency"] < targets["p95"] else " [red]≥2s[/red]"),
+                      f"{max(r['latencies']):.2f} s", f"{r['saturated_p95_latency']:.2f} s")
+        console.print(t)
+        console.print("latency: last report of a step (its watermark acknowledged) → final estimate on "
+                      "ldp.estimates, with the producer paced at 50% of the measured end-to-end rate; 'saturated' = "
+                      "the same in the throughput run, where it is the queue of a producer outrunning the workers")
+    console.print("targets: GRR ≥ 2M reports/s end to end, ≥ 0.25 of the raw broker, p95 latency < 2 s; "
+                  "every row ≥ 0.9x the 1-worker row")
+
+
+@bench_app.command("ingest")
+def bench_ingest(processes: Annotated[int, typer.Option(help="Processes of `ldp ingest` (one port).")] = 2,
+                 seconds: Annotated[float, typer.Option(help="Measured seconds per point.")] = 3.0,
+                 warmup: Annotated[float, typer.Option(help="Warm-up seconds before each point.")] = 1.0,
+                 workload: Annotated[Optional[list[str]], typer.Option(
+                     "--workload", "-w", help="json, binary and/or batch (repeatable); default: all three.")] = None,
+                 batch: Annotated[int, typer.Option(help="Reports per request of the batch workload.")] = 1000,
+                 generator: Annotated[str, typer.Option(
+                     help="Closed-loop load generator: auto (wrk if installed), wrk or python.")] = "auto",
+                 start_clients: Annotated[int, typer.Option(help="Clients of the first saturation point.")] = 4,
+                 max_clients: Annotated[int, typer.Option(help="Most clients of the saturation search.")] = 1024,
+                 worker: Annotated[bool, typer.Option(help="Also run a counting worker.")] = False,
+                 broker_storage: Annotated[str, typer.Option(help="memory or durable.")] = "memory",
+                 linger_ms: Annotated[Optional[float], typer.Option(
+                     help="The ingest's linger in ms (its default if omitted).")] = None,
+                 idempotency: Annotated[bool, typer.Option(help="An Idempotency-Key on every request.")] = True,
+                 half_clients: Annotated[Optional[int], typer.Option(
+                     help="Connections of the open-loop half-saturation point (default: the saturation point's).")]
+                 = None,
+                 json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write the results here.")]
+                 = None) -> None:
+    """Requests/s, reports/s and p50/p99 latency of `ldp ingest` at saturation and at half of it (single JSON
+    reports, single binary reports, binary batches), with the local stack, in one run (ldp/bench_ingest.py)."""
+    from .bench_ingest import BenchConfig, main as bench_main
+
+    cfg = BenchConfig(processes=processes, seconds=seconds, warmup=warmup, batch=batch,
+                      workloads=tuple(workload or ("json", "binary", "batch")), generator=generator,
+                      start_clients=start_clients, max_clients=max_clients, worker=worker,
+                      broker_storage=broker_storage, linger_ms=linger_ms, idempotency=idempotency, json_path=json_out,
+                      half_clients=half_clients)
+    try:
+        code = bench_main(cfg, console)
+    except (ValueError, RuntimeError, TimeoutError) as exc:
+        _fail(exc)
+    raise typer.Exit(code)
 
 
 def _si(rate: float | None) -> str:
@@ -393,6 +588,10 @@ def _stack_addresses(kafka: str | None, redis_url: str | None, need_redis: bool 
         info = LocalStack.from_run_dir(Path(run_dir)).info
     except StackError:
         _fail(LDPError("no --kafka given and no local stack running (start one with `ldp stack up`)"))
+    import os
+
+    if not kafka and info.kafka_security and not os.environ.get("LDP_KAFKA_SECURITY_PROTOCOL"):
+        os.environ.update(info.kafka_security)  # a secured stack's SASL / TLS settings (wire.transport)
     return kafka or info.kafka_bootstrap, redis_url or info.redis_url
 
 
@@ -411,10 +610,17 @@ def produce(campaign: CAMPAIGN = Path("deploy/campaigns/demo.toml"), kafka: KAFK
             rate: Annotated[Optional[float], typer.Option(help="Target reports/s (default: as fast as possible).")] = None,
             state_dir: Annotated[Optional[Path], typer.Option(help="Persist the fleet's memo state here (resumable).")] = None,
             partitions: Annotated[int, typer.Option(help="Partitions of ldp.reports if it must be created.")] = 4,
+            retry_deadline: Annotated[float, typer.Option(
+                help="Broker outages: retry (with backoff) for this many seconds, then give up.")] = 300.0,
             seed: SIM_SEED = None) -> None:
     """Simulate a device fleet and publish its randomized reports to ldp.reports."""
+    import aiokafka  # noqa: F401 - its loggers must exist before their repeated errors are limited
+
     from producers.fleet import FleetConfig, PublishError, publish
+    from stream_app.health import limit_repeated_logs
     from wire.campaign import Campaign, CampaignError
+
+    limit_repeated_logs(("aiokafka",))
 
     bootstrap, _ = _stack_addresses(kafka, None, need_redis=False)
     try:
@@ -434,7 +640,8 @@ def produce(campaign: CAMPAIGN = Path("deploy/campaigns/demo.toml"), kafka: KAFK
         def hook(p) -> None:
             bar.update(task, completed=p.reports_sent, description=f"step {p.t} {p.attribute} {p.rate / 1e6:.1f}M/s")
         try:
-            summary = asyncio.run(publish(cfg, bootstrap, on_progress=hook, keep_supports=False, partitions=partitions))
+            summary = asyncio.run(publish(cfg, bootstrap, on_progress=hook, keep_supports=False, partitions=partitions,
+                                          retry_deadline=retry_deadline))
         except PublishError as exc:
             _fail(exc)
     for line in summary.lines():
@@ -468,8 +675,11 @@ def worker(campaign_paths: Annotated[Optional[list[Path]], _setting_option("camp
            logfile: Annotated[Optional[Path], _setting_option("logfile")] = None,
            stream_buffer_maxsize: Annotated[Optional[int], _setting_option("stream_buffer_maxsize")] = None,
            consumer_max_fetch_size: Annotated[Optional[int], _setting_option("consumer_max_fetch_size")] = None,
+           consumer_fetch_max_wait: Annotated[Optional[float], _setting_option("consumer_fetch_max_wait")] = None,
            ingest_flush_seconds: Annotated[Optional[float], _setting_option("ingest_flush_seconds")] = None,
-           ingest_max_reports: Annotated[Optional[int], _setting_option("ingest_max_reports")] = None) -> None:
+           ingest_max_reports: Annotated[Optional[int], _setting_option("ingest_max_reports")] = None,
+           shutdown_timeout: Annotated[Optional[float], _setting_option("shutdown_timeout")] = None,
+           open_reports: Annotated[Optional[bool], _setting_option("open_reports")] = None) -> None:
     """Run a stream-app worker: count reports into Redis, publish estimates, serve the API.
 
     Each option falls back to its environment variable, then to its default (stream_app.settings);
@@ -489,23 +699,83 @@ def worker(campaign_paths: Annotated[Optional[list[Path]], _setting_option("camp
     missing = [str(p) for p in settings.campaign_paths if not p.is_file()]
     if missing:
         _fail(LDPError(f"campaign file(s) not found: {', '.join(missing)}"))
+    from wire.transport import KafkaSecurity, RedisSecurity, TransportConfigError
+
+    try:  # LDP_KAFKA_* / LDP_REDIS_* (wire.transport): a clear message now rather than a client's traceback later
+        KafkaSecurity.from_env()
+        RedisSecurity.from_env().client_kwargs(settings.redis_url)
+    except TransportConfigError as exc:
+        _fail(exc)
     run_worker(settings)
+
+
+@app.command()
+def soak(minutes: Annotated[float, typer.Option(help="Length of the fault window (the fleet sends that long).")] = 10.0,
+         seconds: Annotated[Optional[float], typer.Option(help="The same in seconds (overrides --minutes).")] = None,
+         campaign: CAMPAIGN = Path("deploy/campaigns/demo.toml"),
+         devices: Annotated[int, typer.Option(help="Simulated devices (reports per attribute and step).")] = 20_000,
+         step_seconds: Annotated[float, typer.Option(help="One fleet step every this many seconds.")] = 3.0,
+         batch_size: Annotated[int, typer.Option(help="Reports per Kafka message.")] = 5_000,
+         workers: Annotated[int, typer.Option(help="Stream-app workers (one consumer group).")] = 3,
+         partitions: Annotated[int, typer.Option(help="Partitions of ldp.reports.")] = 8,
+         fault_every: Annotated[float, typer.Option(help="Seconds between two faults.")] = 25.0,
+         faults: Annotated[Optional[str], typer.Option(help="Comma-separated fault kinds in rotation order "
+                                                       "(default: all).")] = None,
+         seed: Annotated[int, typer.Option(help="Simulation-mode seed of the fleet (the offline truth needs it).")] = 8,
+         json_path: Annotated[Optional[Path], typer.Option("--json", help="Write the report as JSON here.")] = None,
+         run_dir: Annotated[Optional[Path], typer.Option(help="Run directory (kept); default: a temporary one, "
+                                                         "removed after a passing run.")] = None,
+         keep_run_dir: Annotated[bool, typer.Option(help="Keep the temporary run directory (logs).")] = False) -> None:
+    """Soak test: the local stack under steady fleet load with faults on a schedule (worker SIGKILL,
+    worker added/removed, producer killed and resumed, a duplicate batch, Redis and broker restarts);
+    every count is compared with the offline truth at the end. Exit 0 only if nothing is off."""
+    from .soak import FAULT_KINDS, SoakConfig, run_soak
+
+    try:
+        cfg = SoakConfig(campaign=campaign, seconds=seconds if seconds is not None else minutes * 60.0,
+                         devices=devices, step_seconds=step_seconds, batch_size=batch_size, workers=workers,
+                         partitions=partitions, fault_every=fault_every, seed=seed, run_dir=run_dir,
+                         keep_run_dir=keep_run_dir,
+                         faults=tuple(f.strip() for f in faults.split(",") if f.strip()) if faults else FAULT_KINDS)
+    except ValueError as exc:
+        _fail(exc)
+    console.print(SIMULATION_BANNER.format(seed=seed) + " (the soak re-simulates the fleet offline as its truth)")
+    raise typer.Exit(run_soak(cfg, console, json_path))
 
 
 @stack_app.command("up")
 def stack_up(run_dir: RUN_DIR = str(CLI_RUN_DIR),
              kafka_port: Annotated[Optional[int], typer.Option(help="Broker port (default: a free one).")] = None,
-             redis_port: Annotated[Optional[int], typer.Option(help="Redis port (default: a free one).")] = None) -> None:
+             redis_port: Annotated[Optional[int], typer.Option(help="Redis port (default: a free one).")] = None,
+             broker_storage: Annotated[Optional[str], typer.Option(
+                 help="durable (the broker's data kept in the run dir) or memory "
+                      "(default: $LDP_BROKER_STORAGE, else durable).")] = None,
+             kafka_sasl: Annotated[Optional[str], typer.Option(
+                 help="SCRAM-SHA-512, SCRAM-SHA-256 or PLAIN: Kafka clients must authenticate (user ldp, a random "
+                      "password kept in the run dir's stack.json; `ldp worker`/`ldp produce` use it).")] = None,
+             redis_auth: Annotated[bool, typer.Option(
+                 "--redis-auth", help="redis-server requires a random password (carried by the stack's Redis URL).")]
+             = False,
+             tls: Annotated[bool, typer.Option("--tls", help="Kafka and Redis over TLS (a local CA in the run dir).")]
+             = False) -> None:
     """Start the broker and Redis in the background; `ldp stack down` stops them."""
+    import secrets
+
     from devtools.errors import StackError
     from devtools.stack import LocalStack
+    from wire.transport import redact_url
 
     try:
         with console.status("starting tansu and redis-server ..."):
-            info = LocalStack(run_dir=Path(run_dir), kafka_port=kafka_port, redis_port=redis_port).up()
+            stack = LocalStack(run_dir=Path(run_dir), kafka_port=kafka_port, redis_port=redis_port,
+                               broker_storage=broker_storage, kafka_sasl=kafka_sasl, tls=tls,
+                               redis_password=secrets.token_urlsafe(18) if redis_auth else None)
+            info = stack.up()
     except StackError as exc:
         _fail(exc)
-    console.print(f"[green]stack up[/green] in {info.run_dir}\n  kafka  {info.kafka_bootstrap}\n  redis  {info.redis_url}")
+    console.print(f"[green]stack up[/green] in {info.run_dir}\n  kafka  {info.kafka_bootstrap} "
+                  f"({stack.kafka_security.describe()})\n  redis  {redact_url(info.redis_url)}"
+                  f"\n  broker storage  {info.broker_storage}")
 
 
 @stack_app.command("down")
@@ -534,6 +804,15 @@ def stack_status(run_dir: RUN_DIR = str(CLI_RUN_DIR)) -> None:
     except StackError as exc:
         _fail(exc)
     console.print_json(json.dumps(st, default=str))
+
+
+from .ingest_cli import register as _register_ingest  # noqa: E402 - `ldp ingest`, `ldp tokens`
+
+_register_ingest(app)
+
+from .experiment_poisoning import register as _register_experiments  # noqa: E402 - `ldp experiment poisoning`
+
+_register_experiments(app)
 
 
 def main() -> None:

@@ -27,6 +27,7 @@ from rich.table import Table
 from producers.fleet import Fleet, FleetConfig, FleetSummary, publish
 from wire.campaign import Campaign
 from wire.topics import REPORTS_TOPIC
+from wire.transport import redact_url
 
 
 def _get(url: str) -> Any:
@@ -87,7 +88,7 @@ def _run(campaign_path: Path, campaign: Campaign, devices: int, steps: int, work
     try:
         with console.status("starting the local stack (tansu + redis-server) ..."):
             info = stack.up(stop_on_exit=True)
-        console.print(f"stack: kafka {info.kafka_bootstrap}, redis {info.redis_url} (run dir {run})")
+        console.print(f"stack: kafka {info.kafka_bootstrap}, redis {redact_url(info.redis_url)} (run dir {run})")
         with console.status(f"starting {workers} stream-app worker(s) ..."):
             procs = [WorkerProcess([campaign_path], info.kafka_bootstrap, info.redis_url, refresh_seconds=0.5,
                                    session_timeout=6.0, run_dir=run, name=f"worker{i}").start() for i in range(workers)]

@@ -6,15 +6,19 @@ dev = Device(Campaign.load("deploy/campaigns/demo.toml"), Path("~/.ldp-device"),
              budget_eps=10.0, ingest_url="http://127.0.0.1:6066/reports")
 dev.send("app_version", 42)          # randomize locally, POST one report
 obj = dev.report("opt_in", 1, t=7)   # or build the JSON object and send it yourself
+dev.send_group("device", {"dark_mode": 1, "language": 3, "screen": 17})   # a [[groups]] solution
 ```
 
 State directory (``state_path``)::
 
     device.json        # campaign id and fingerprint the state belongs to
     <attr>.memo.npz    # one MemoState of a single device per memoizing attribute (atomic writes)
+    <group>.group.npz  # one MultiState of a single device per group (atomic writes): memo keys and
+                       # marks per attribute, the sampled attribute, the fixed fake inputs
     budget.json        # the budget ledger (atomic writes): reports spent by memoryless attributes,
-                       # memo slots reserved by memoizing ones, and the value each memoizing
-                       # attribute last reported (the value a frozen attribute keeps reporting)
+                       # memo slots reserved by memoizing ones, the value each memoizing
+                       # attribute last reported (the value a frozen attribute keeps reporting),
+                       # and the group reports reserved per group
     .lock              # flock: one Device at a time per state directory
 
 Lifetime privacy budget
@@ -86,6 +90,57 @@ start at its memoized count, and until a memoizing attribute has reported once u
 has no last value to freeze to, so such an attribute is refused (:class:`BudgetExceeded`) rather
 than frozen if its very next value needs a memoization it cannot afford.
 
+Groups
+------
+The attributes of a ``[[groups]]`` entry of the campaign are randomized together by the group's
+multidimensional solution (:mod:`estimators.multidim`), one budget for the whole tuple:
+:meth:`Device.report_group` takes the device's value of every attribute of the group and returns
+one report object per attribute the solution sends (SMP, L-SMP, ALLOMFREE: the one sampled
+attribute; SPL, L-SPL, RS+FD, L-RS+FD, ALLOMFREE with fake data: every attribute, real or fake).
+:meth:`Device.report` and :meth:`Device.randomize` refuse a grouped attribute. Which attribute a
+device sampled, its memo keys and its fake inputs are the group's ``MultiState``, created once
+(OS CSPRNG) and kept for the device's life.
+
+*Reserved loss of a group.* Every group report reserves one more *group step*. After ``S``
+reserved steps the group's reserved loss is the solution's worst case after ``S`` steps, whatever
+the values: ``solution.loss_bound(S)`` for longitudinal solutions (each step memoizes at most one
+new input in each attribute it reports real data for, so no attribute memoizes more than ``S``;
+the bound stops growing once ``S`` reaches the memo sizes; with fixed sampling it is the largest
+channel's bound, not the sampled attribute's, so a refusal never tells the server which attribute
+a fake-data device sampled), and ``S x solution.eps_first`` for single-shot ones (SPL, SMP,
+RS+FD), sequential composition over the steps as for memoryless attributes (Dwork & Roth, Found.
+Trends TCS 2014, Thm. 3.16; ``eps_first`` is the tuple-level ε of one step, and with a fixed
+sampled attribute each step's likelihood ratio given the sampled index is at most
+``e^eps_first``, so the mixture over the index is at most ``e^(S eps_first)``). The
+library's ``longitudinal_loss`` of a single-shot solution is ``inf`` from the second report of an
+attribute (no memo: unbounded over an unbounded number of reports), which would allow one group
+report under any finite budget; the SDK counts the reports instead.
+
+*Actual loss of a group.* ``solution.longitudinal_loss(state)`` for longitudinal solutions (the
+channels' losses of the inputs memoized from real data: value-dependent), and the reserved loss
+for single-shot ones (their loss does not depend on the values). Both are at most the reserved
+loss, so ``privacy_loss() <= reserved_loss() <= budget_eps`` holds with groups included.
+
+*Refusals.* A group report whose reservation ``bound(S + 1) - bound(S)`` does not fit in
+``budget_eps`` next to everything reserved so far is refused with :class:`BudgetExceeded`
+before anything is randomized, memoized, saved or sent: the decision depends on the schedule
+only. Groups do not *freeze*: a step's reservation already covers the worst case of that step
+(a new memoized input wherever the solution memoizes), so the group's actual loss can never
+outrun its reservation and no value ever has to be substituted, which is the only thing freezing
+is for. The price is that a group whose next step does not fit stops reporting, where a single
+attribute would keep reporting frozen values. Freezing a group (randomizing the last reported
+tuple when a new one does not fit) is not offered: it would need memo slots per attribute inside
+the solution's own accounting (the largest channel loss with fixed sampling, the sum with
+per-step sampling, fake inputs at no cost), and with per-step sampling a newly sampled attribute
+may have no memoized value to fall back on; refusing the step is the simplest rule that is sound
+for every solution. A longitudinal group whose ``S`` reaches the memo sizes reserves nothing
+more and is never refused again. A budget too small for even one group report is not refused
+when the :class:`Device` is built: such a group is refused at its first report (a
+data-independent refusal, as for memoryless attributes).
+
+*Crash safety.* The ledger with the new reservation is written before the group state, and both
+before the report objects leave :meth:`Device.report_group`: a crash can only over-count.
+
 The report object is the single-report JSON of :mod:`wire.single_report`, what the stream
 app's ``POST /reports`` endpoint decodes::
 
@@ -99,20 +154,22 @@ from __future__ import annotations
 import dataclasses
 import fcntl
 import json
+import operator
 import os
 import urllib.error
 import urllib.request
+from collections.abc import Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
 
-from estimators import MemoState
+from estimators import MemoState, MultiState
 from estimators.base import FrequencyProtocol
 from estimators.errors import InvalidState, LDPError
 from estimators.fileio import atomic_write
-from wire.campaign import Campaign, step_at
+from wire.campaign import Campaign, CampaignError, Group, step_at
 from wire.single_report import check_step, encode_single_report
 
 __all__ = ["Device", "BudgetExceeded", "IngestError", "DeviceStateError"]
@@ -158,6 +215,13 @@ def _count(st: MemoState) -> int:
     return int(st.memoized_count()[0])
 
 
+def _copy_group_state(st: MultiState) -> MultiState:
+    """A scratch copy of a group's state to randomize on (the solution updates its state in place)."""
+    return MultiState(st.fingerprint, None if st.sampled is None else st.sampled.copy(),
+                      [None if m is None else _copy_state(m) for m in st.memos],
+                      None if st.fake is None else st.fake.copy(), st.reported.copy())
+
+
 class Device:
     """One device of ``campaign`` whose state lives in the directory ``state_path``.
 
@@ -167,18 +231,21 @@ class Device:
     the bias it puts on estimates). ``ValueError`` if the budget cannot memoize even one value of
     some memoizing attribute.
 
-    Randomness: a real device is never in simulation mode. Its memo keys (256 bits per attribute)
-    and the noise key of every report (256 bits) come from the OS CSPRNG
-    (:mod:`estimators.randomness`); the SDK takes no random generator at all.
+    The attributes of a campaign group are reported together by :meth:`report_group` /
+    :meth:`send_group` (module docstring, "Groups"); :meth:`report` refuses them.
+
+    Randomness: a real device is never in simulation mode. Its memo keys (256 bits per attribute),
+    a group's sampled attribute and fake inputs, and the noise key of every report (256 bits) come
+    from the OS CSPRNG (:mod:`estimators.randomness`); the SDK takes no random generator at all.
     """
 
     def __init__(self, campaign: Campaign, state_path: str | Path, budget_eps: float | None = None,
-                 ingest_url: str | None = None, *, timeout: float = 10.0) -> None:
+                 ingest_url: str | None = None, *, timeout: float = 10.0, token: str | None = None) -> None:
         if budget_eps is not None and not budget_eps >= 0:
             raise ValueError(f"budget_eps must be >= 0 or None, got {budget_eps}")
         if budget_eps is not None:
-            for name, attr in campaign.attributes.items():
-                proto = attr.protocol
+            for name in campaign.ungrouped:
+                proto = campaign.attributes[name].protocol
                 first = float(proto.longitudinal_loss(1)) if proto.memo_size else 0.0
                 if first > budget_eps + _TOL:
                     raise ValueError(
@@ -190,12 +257,15 @@ class Device:
         self.budget_eps = None if budget_eps is None else float(budget_eps)
         self.ingest_url = ingest_url
         self.timeout = timeout
+        self.token = token  # the device's ingest token (`ldp tokens issue`), sent as Authorization: Bearer
         self.state_path.mkdir(parents=True, exist_ok=True)
         self._lock_fd = os.open(self.state_path / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
         self.states: dict[str, MemoState | None] = {}
         self.spent_reports: dict[str, int] = {}   # memoryless attribute -> reports made
         self.memo_slots: dict[str, int] = {}      # memoizing attribute -> memo slots reserved
         self.last_values: dict[str, int] = {}     # memoizing attribute -> value last reported
+        self.group_states: dict[str, MultiState] = {}  # group -> its solution's state of this device
+        self.group_reports: dict[str, int] = {}   # group -> group steps reserved
         self._seen_files: dict[Path, tuple[int, int] | None] = {}
         with self._locked():
             self._check_or_write_identity()
@@ -232,6 +302,9 @@ class Device:
     def _memo_path(self, attribute: str) -> Path:
         return self.state_path / f"{attribute}.memo.npz"
 
+    def _group_path(self, group: str) -> Path:
+        return self.state_path / f"{group}.group.npz"
+
     @property
     def _budget_path(self) -> Path:
         return self.state_path / "budget.json"
@@ -266,14 +339,20 @@ class Device:
 
     def _refresh(self) -> None:
         """Re-read whatever another Device on the same directory changed (call under the lock)."""
-        for name, attr in self.campaign.attributes.items():
-            if attr.protocol.memo_size == 0:
+        for name in self.campaign.ungrouped:
+            proto = self.campaign.attributes[name].protocol
+            if proto.memo_size == 0:
                 self.states[name] = None
             elif self._changed(self._memo_path(name)) or name not in self.states:
-                self.states[name] = self._load_or_create(name, attr.protocol)
+                self.states[name] = self._load_or_create(name, proto)
                 self._changed(self._memo_path(name))
+        for group in self.campaign.groups.values():
+            path = self._group_path(group.name)
+            if self._changed(path) or group.name not in self.group_states:
+                self.group_states[group.name] = self._load_or_create_group(group)
+                self._changed(path)
         if self._changed(self._budget_path):
-            self.spent_reports, self.memo_slots, self.last_values = self._load_budget()
+            self.spent_reports, self.memo_slots, self.last_values, self.group_reports = self._load_budget()
 
     def _load_or_create(self, name: str, proto: FrequencyProtocol) -> MemoState | None:
         if proto.memo_size == 0:
@@ -291,32 +370,92 @@ class Device:
         st.save(path)
         return st
 
-    def _load_budget(self) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
+    def _load_or_create_group(self, group: Group) -> MultiState:
+        path = self._group_path(group.name)
+        if path.exists():
+            try:
+                st = MultiState.load(path, solution=group.solution)  # checks the solution's fingerprint
+            except InvalidState as exc:
+                raise DeviceStateError(str(exc)) from exc
+            if st.n_devices != 1:
+                raise DeviceStateError(f"{path} holds {st.n_devices} devices, a device state holds 1")
+            return st
+        st = group.solution.new_state(1)  # keys, sampled attribute, fake inputs from the OS CSPRNG
+        st.save(path)
+        return st
+
+    _LEDGER = ("spent_reports", "memo_slots", "last_values", "group_reports")
+
+    def _load_budget(self) -> tuple[dict[str, int], dict[str, int], dict[str, int], dict[str, int]]:
         path = self._budget_path
         if not path.exists():
-            return {}, {}, {}
+            return {}, {}, {}, {}
         try:
             data = json.loads(path.read_text())
             return tuple({str(k): int(v) for k, v in data.get(key, {}).items()}  # type: ignore[return-value]
-                         for key in ("spent_reports", "memo_slots", "last_values"))
+                         for key in self._LEDGER)
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             raise DeviceStateError(f"cannot read {path}: {exc}") from exc
 
     def _save_budget(self, spent: dict[str, int] | None = None, slots: dict[str, int] | None = None,
-                     last: dict[str, int] | None = None) -> None:
+                     last: dict[str, int] | None = None, groups: dict[str, int] | None = None) -> None:
         """Write the ledger (the parts not given are kept) and make it this object's view."""
         spent = self.spent_reports if spent is None else spent
         slots = self.memo_slots if slots is None else slots
         last = self.last_values if last is None else last
-        if (spent, slots, last) == (self.spent_reports, self.memo_slots, self.last_values) \
-                and self._budget_path.exists():
+        groups = self.group_reports if groups is None else groups
+        if (spent, slots, last, groups) == (self.spent_reports, self.memo_slots, self.last_values,
+                                            self.group_reports) and self._budget_path.exists():
             return
-        data = {"campaign": self.campaign.id, "spent_reports": spent, "memo_slots": slots, "last_values": last}
+        data = {"campaign": self.campaign.id, "spent_reports": spent, "memo_slots": slots, "last_values": last,
+                "group_reports": groups}
         atomic_write(self._budget_path, json.dumps(data).encode())
         self.spent_reports, self.memo_slots, self.last_values = dict(spent), dict(slots), dict(last)
+        self.group_reports = dict(groups)
         self._changed(self._budget_path)
 
     # ------------------------------------------------------------------ accounting
+    def _own(self, attribute: str) -> FrequencyProtocol:
+        """The protocol of an attribute reported on its own (not by a group's solution)."""
+        attr = self.campaign.attribute(attribute)  # CampaignError for an unknown attribute
+        if attr.group is not None:
+            sol = self.campaign.groups[attr.group].solution
+            raise LDPError(f"attribute {attribute!r} is randomized with the other attributes of group "
+                           f"{attr.group!r} ({sol.name}, one budget over the group): use "
+                           f"Device.report_group({attr.group!r}, values) or send_group")
+        return attr.protocol
+
+    def _group(self, group: str) -> Group:
+        try:
+            return self.campaign.groups[group]
+        except KeyError:
+            have = ", ".join(map(repr, self.campaign.groups)) or "none"
+            raise CampaignError(f"campaign {self.campaign.id!r} has no group {group!r} (groups: {have})") from None
+
+    def _group_steps(self, group: str) -> int:
+        """Group steps reserved (at least the real reports of any attribute in the state, a lower bound)."""
+        st = self.group_states[group]
+        return max(self.group_reports.get(group, 0), int(st.reported.max()) if st.reported.size else 0)
+
+    def _group_bound(self, group: str, steps: int) -> float:
+        """Reserved loss of ``steps`` group steps (module docstring): schedule only."""
+        sol = self.campaign.groups[group].solution
+        if steps <= 0:
+            return 0.0
+        if sol.longitudinal:
+            return float(sol.loss_bound(steps))
+        return steps * float(sol.eps_first)
+
+    def _group_reserved(self, group: str) -> float:
+        return self._group_bound(group, self._group_steps(group))
+
+    def _group_loss(self, group: str) -> float:
+        """Actual loss of a group (value-dependent for longitudinal solutions: never decide on it visibly)."""
+        sol = self.campaign.groups[group].solution
+        if sol.longitudinal:
+            return float(sol.longitudinal_loss(self.group_states[group])[0])
+        return self._group_reserved(group)
+
     def _attr_loss(self, name: str, memoized: int | None = None, spent: int | None = None) -> float:
         """Actual longitudinal loss of one attribute (value-dependent: never decide on it visibly)."""
         proto = self.campaign.attribute(name).protocol
@@ -339,9 +478,13 @@ class Device:
             return self.spent_reports.get(name, 0) * float(proto.eps_first)
         return float(proto.longitudinal_loss(self._slots(name)))
 
-    def _reserved(self, attribute: str | None = None) -> float:
-        names = [attribute] if attribute is not None else list(self.campaign.attributes)
-        return float(sum(self._attr_reserved(n) for n in names))
+    def _reserved(self, attribute: str | None = None, group: str | None = None) -> float:
+        if attribute is not None:
+            return self._attr_reserved(attribute)
+        if group is not None:
+            return self._group_reserved(group)
+        return float(sum(self._attr_reserved(n) for n in self.campaign.ungrouped)
+                     + sum(self._group_reserved(g) for g in self.campaign.groups))
 
     def _fits(self, spent: float, cost: float) -> bool:
         return self.budget_eps is None or spent + cost <= self.budget_eps + _TOL
@@ -353,21 +496,44 @@ class Device:
             return None
         return float(proto.longitudinal_loss(slots + 1)) - float(proto.longitudinal_loss(slots))
 
-    def privacy_loss(self, attribute: str | None = None) -> float:
-        """Longitudinal ε actually spent so far (one attribute, or the sum over all)."""
+    def _check_scope(self, attribute: str | None, group: str | None) -> None:
+        if attribute is not None and group is not None:
+            raise LDPError("give an attribute or a group, not both")
+        if attribute is not None:
+            self._own(attribute)
+        if group is not None:
+            self._group(group)
+
+    def privacy_loss(self, attribute: str | None = None, *, group: str | None = None) -> float:
+        """Longitudinal ε actually spent so far: one ungrouped attribute, one group, or the sum over
+        the ungrouped attributes and the groups."""
+        self._check_scope(attribute, group)
         with self._locked():
             self._refresh()
-        return self._loss(attribute)
+        return self._loss(attribute, group)
 
-    def _loss(self, attribute: str | None = None) -> float:
-        names = [attribute] if attribute is not None else list(self.campaign.attributes)
-        return float(sum(self._attr_loss(n) for n in names))
+    def _loss(self, attribute: str | None = None, group: str | None = None) -> float:
+        if attribute is not None:
+            return self._attr_loss(attribute)
+        if group is not None:
+            return self._group_loss(group)
+        return float(sum(self._attr_loss(n) for n in self.campaign.ungrouped)
+                     + sum(self._group_loss(g) for g in self.campaign.groups))
 
-    def reserved_loss(self, attribute: str | None = None) -> float:
-        """Longitudinal ε reserved so far (>= :meth:`privacy_loss`, <= ``budget_eps``)."""
+    def reserved_loss(self, attribute: str | None = None, *, group: str | None = None) -> float:
+        """Longitudinal ε reserved so far (>= :meth:`privacy_loss`, <= ``budget_eps``), scoped as
+        :meth:`privacy_loss`."""
+        self._check_scope(attribute, group)
         with self._locked():
             self._refresh()
-        return self._reserved(attribute)
+        return self._reserved(attribute, group)
+
+    def group_steps(self, group: str) -> int:
+        """Group steps reserved so far by ``group``: one per :meth:`report_group` call that was not refused."""
+        self._group(group)
+        with self._locked():
+            self._refresh()
+        return self._group_steps(group)
 
     def remaining_budget(self) -> float:
         """``budget_eps - reserved_loss()``: what new reservations may still use (``inf`` without a budget)."""
@@ -375,6 +541,7 @@ class Device:
 
     def memoized_count(self, attribute: str) -> int:
         """Distinct memoized inputs of ``attribute`` (0 for memoryless protocols)."""
+        self._own(attribute)
         with self._locked():
             self._refresh()
         st = self.states[attribute]
@@ -382,6 +549,7 @@ class Device:
 
     def last_value(self, attribute: str) -> int | None:
         """The value the last report of a memoizing attribute randomized (what it freezes on)."""
+        self._own(attribute)
         with self._locked():
             self._refresh()
         return self.last_values.get(attribute)
@@ -393,6 +561,7 @@ class Device:
         that has memoized all its ``memo_size`` inputs (every value is then already memoized).
         This is local knowledge: the server sees the same reports either way.
         """
+        self._own(attribute)
         with self._locked():
             self._refresh()
         st = self.states[attribute]
@@ -419,7 +588,7 @@ class Device:
         A memoizing attribute past its budget randomizes its last reported value instead of
         ``value`` (module docstring); :class:`BudgetExceeded` only on data-independent grounds.
         """
-        proto = self.campaign.attribute(attribute).protocol
+        proto = self._own(attribute)
         v = int(value)
         if not 0 <= v < proto.k:
             raise LDPError(f"value {value} of {attribute!r} is outside the domain [0, {proto.k})")
@@ -477,7 +646,7 @@ class Device:
 
     def report(self, attribute: str, value: int, t: int | None = None) -> dict[str, Any]:
         """The JSON object of one randomized report (:func:`wire.single_report.encode_single_report`)."""
-        self.campaign.attribute(attribute)  # an unknown attribute fails before anything is spent
+        self._own(attribute)  # an unknown or grouped attribute fails before anything is spent
         step = check_step(self.current_step() if t is None else t)
         reports = self.randomize(attribute, value)
         return encode_single_report(self.campaign, attribute, step, reports)
@@ -487,13 +656,116 @@ class Device:
         if not self.ingest_url:
             raise IngestError("no ingest_url configured for this device")
         obj = self.report(attribute, value, t)
-        return post_report(self.ingest_url, obj, timeout=self.timeout)
+        return self._post(obj)
+
+    # ------------------------------------------------------------------ groups
+    def _group_values(self, group: Group, values: Mapping[str, int] | Sequence[int]) -> np.ndarray:
+        """The device's tuple, ``int64 (1, d)`` in the solution's attribute order; clear errors otherwise."""
+        names = group.attributes
+        if isinstance(values, Mapping):
+            unknown = [str(a) for a in values if a not in names]
+            missing = [a for a in names if a not in values]
+            if unknown or missing:
+                raise LDPError(f"group {group.name!r} reports the attributes {list(names)}: "
+                               + "; ".join(([f"unknown {unknown}"] if unknown else [])
+                                           + ([f"missing {missing}"] if missing else [])))
+            row = [values[a] for a in names]
+        elif isinstance(values, (Sequence, np.ndarray)) and not isinstance(values, (str, bytes)):
+            row = list(values)
+            if len(row) != len(names):
+                raise LDPError(f"group {group.name!r} needs {len(names)} values (for {list(names)}), got {len(row)}")
+        else:
+            raise LDPError(f"values of group {group.name!r} must be a dict {{attribute: value}} or a sequence in "
+                           f"the order {list(names)}, got {type(values).__name__}")
+        out = np.empty((1, len(names)), dtype=np.int64)
+        for j, (name, v) in enumerate(zip(names, row)):
+            try:
+                x = operator.index(v)
+            except TypeError:
+                raise LDPError(f"value {v!r} of {name!r} must be an integer") from None
+            k = group.solution.ks[j]
+            if not 0 <= x < k:
+                raise LDPError(f"value {x} of {name!r} is outside the domain [0, {k})")
+            out[0, j] = x
+        return out
+
+    def report_group(self, group: str, values: Mapping[str, int] | Sequence[int],
+                     t: int | None = None) -> list[dict[str, Any]]:
+        """Randomize the device's tuple through the group's solution and return one report object per
+        attribute the solution sends (SMP, L-SMP, ALLOMFREE: the sampled one; SPL, L-SPL, RS+FD,
+        L-RS+FD: every attribute), in the group's attribute order.
+
+        ``values``: ``{attribute: value}`` for every attribute of the group, or a sequence in the
+        group's order. One group step is reserved first: :class:`BudgetExceeded` (nothing
+        randomized, saved or sent) if it does not fit (module docstring, "Groups").
+        """
+        g = self._group(group)
+        v = self._group_values(g, values)
+        step = check_step(self.current_step() if t is None else t)
+        with self._locked():
+            self._refresh()
+            steps = self._group_steps(group)
+            reserved = self._reserved()
+            cost = self._group_bound(group, steps + 1) - self._group_bound(group, steps)
+            if not self._fits(reserved, cost):
+                raise BudgetExceeded(group, reserved, cost, self.budget_eps or 0.0,
+                                     detail=f"group {group!r} ({g.solution.name}): one more group step reserves "
+                                            f"its worst-case loss")
+            trial = _copy_group_state(self.group_states[group])
+            out = g.solution.randomize(v, None, state=trial)  # rng=None: OS CSPRNG / ChaCha20 streams
+            objs = [encode_single_report(self.campaign, name, step, out.reports[j])
+                    for j, name in enumerate(g.attributes) if len(out.reports[j])]
+            # reserve first: a crash may over-count, never under-count
+            self._save_budget(groups=dict(self.group_reports, **{group: steps + 1}))
+            trial.save(self._group_path(group))
+            self.group_states[group] = trial
+            self._changed(self._group_path(group))
+        return objs
+
+    def send_group(self, group: str, values: Mapping[str, int] | Sequence[int],
+                   t: int | None = None) -> dict[str, Any]:
+        """:meth:`report_group` and POST its report objects to :attr:`ingest_url` as one request (the
+        ingest is all-or-nothing per request: the server never counts part of a step's tuple)."""
+        if not self.ingest_url:
+            raise IngestError("no ingest_url configured for this device")
+        objs = self.report_group(group, values, t)
+        return self._post(objs)
+
+    def send_binary(self, objs: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        """POST report objects (from :meth:`report` / :meth:`report_group`, possibly several collected) as one
+        compact binary body (``application/x-ldp-reports``, ``docs/wire-format.md``): the same reports as raw
+        bytes (about 40% smaller than their JSON, no JSON parse at the ingest), in one request that the
+        ingest accepts or refuses whole.
+        Each object is checked first as the server will check it (:class:`~wire.errors.EnvelopeError`)."""
+        from wire.compact import encode_compact
+        from wire.single_report import decode_single_report
+
+        if not self.ingest_url:
+            raise IngestError("no ingest_url configured for this device")
+        items = [objs] if isinstance(objs, Mapping) else list(objs)
+        campaigns = {self.campaign.id: self.campaign}
+        body = encode_compact([decode_single_report(dict(o), campaigns) for o in items])
+        return self._post(body)
+
+    def _post(self, body: Any) -> dict[str, Any]:
+        """:func:`post_report` to :attr:`ingest_url`, with the device's token if it has one."""
+        return post_report(self.ingest_url, body, timeout=self.timeout, **({"token": self.token} if self.token else {}))
 
 
-def post_report(url: str, obj: dict[str, Any], timeout: float = 10.0) -> dict[str, Any]:
-    """POST one report object as JSON; raises :class:`IngestError` unless the reply is 2xx."""
-    req = urllib.request.Request(url, data=json.dumps(obj).encode(), method="POST",
-                                 headers={"Content-Type": "application/json", "Accept": "application/json"})
+def post_report(url: str, obj: dict[str, Any] | list[dict[str, Any]] | bytes, timeout: float = 10.0, *,
+                token: str | None = None, idempotency_key: str | None = None) -> dict[str, Any]:
+    """POST one report object (or a list of them, one request) as JSON, or ``bytes``: a compact binary body
+    (:meth:`Device.send_binary`); raises :class:`IngestError` unless the reply is 2xx. ``token``: the device
+    token (``Authorization: Bearer``); ``idempotency_key``: reuse it when retrying the same request (the
+    ingest then answers the first answer and counts the reports once)."""
+    from wire.compact import CONTENT_TYPE
+
+    binary = isinstance(obj, (bytes, bytearray))
+    req = urllib.request.Request(url, data=bytes(obj) if binary else json.dumps(obj).encode(), method="POST",
+                                 headers={"Content-Type": CONTENT_TYPE if binary else "application/json",
+                                          "Accept": "application/json",
+                                          **({"Authorization": f"Bearer {token}"} if token else {}),
+                                          **({"Idempotency-Key": idempotency_key} if idempotency_key else {})})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             body = resp.read().decode("utf-8", "replace")

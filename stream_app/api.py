@@ -1,4 +1,4 @@
-"""HTTP API on the Faust web server, and the batching HTTP ingest of single device reports.
+"""HTTP API on the Faust web server.
 
 Routes (JSON unless said otherwise):
 
@@ -7,141 +7,47 @@ Routes (JSON unless said otherwise):
 * ``GET /estimates/{campaign}/{attribute}`` - the latest estimate (404 before the first);
 * ``GET /estimates/{campaign}/{attribute}/history`` - the final estimates, by ``t``;
 * ``GET /metrics`` - Prometheus text format;
-* ``GET /status`` - this worker: id, assigned partitions, estimator lease, batches processed;
-* ``POST /reports`` - one report object or a list of them::
-
-      {"campaign": "fleet-health", "attribute": "opt_in", "t": 172345,   # t optional
-       "payload": "<base64 of proto.encode(one-row report array)>",
-       "protocol": "L-GRR", "fingerprint": "15aadc3a8fac7208"}         # optional, checked if present
-
-  ``t`` defaults to ``floor(now / time_step_seconds)``. Every object is decoded by
-  :func:`wire.single_report.decode_single_report` and validated like a batch
-  (campaign, attribute, protocol and fingerprint if given, the payload must decode to exactly one
-  report); the request is all-or-nothing: any bad object gives HTTP 400 with the reasons, a record
-  per bad object on ``ldp.rejected`` and the rejection metric, and nothing of the request is
-  published. A valid request returns 200 ``{"accepted": n}`` once its reports are in Kafka:
-  reports are grouped per (campaign, attribute, t) and published as ordinary batch envelopes on
-  ``ldp.reports`` every ``flush_seconds`` (0.1 s) or as soon as ``max_reports`` (10000) wait.
+* ``GET /status`` - this worker: id, assigned partitions, estimator lease, batches processed,
+  ``healthy`` and the ``problems`` that keep it from progressing (always 200);
+* ``GET /health`` - ``{"healthy", "problems"}``: 200 while the worker can make progress, 503 while it
+  cannot (Redis or the broker unreachable, starting, stopping, ...: :mod:`stream_app.health`);
+* ``POST /reports`` - single reports, the ingest's handler (:mod:`stream_app.ingest.handler`: JSON, one
+  object or a list, or the compact binary body; all-or-nothing; 200 ``{"accepted": n}`` once the
+  broker acknowledged them). Who may post (:mod:`stream_app.ingest`, "Worker POST /reports"): device
+  tokens with rate limits and idempotency records when ``LDP_DEVICE_SECRET`` is set; anyone (no rate
+  limit) with ``--open-reports``, for development only; nobody otherwise (403 ``reports_disabled``).
+  A bad report gives 400 with the reasons, a record per bad object on ``ldp.rejected`` and the rejection
+  metric; the reports are batched by :class:`stream_app.ingest.batcher.Batcher` (linger
+  ``ingest_flush_seconds``, ``ingest_max_reports`` per batch).
 """
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
-import time
-import uuid
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Mapping
 
 import faust
-import numpy as np
+from aiohttp import web as aioweb
 
-from wire import envelope
 from wire.campaign import Campaign
-from wire.errors import EnvelopeError
-from wire.single_report import SingleReport, decode_report_request, decode_single_report
-from wire.topics import message_key
+from wire.single_report import SingleReport
 
-from .metrics import CONTENT_TYPE, Metrics
+from .ingest.auth import DeviceSecret, TokenAuthority
+from .ingest.handler import BodyTooLarge, HandlerLimits, ReportHandler
+from .ingest.limits import RequestLedger
+from .ingest.metrics import IngestMetrics
+from .metrics import CONTENT_TYPE
+from .store import CountStore
 
-__all__ = ["HttpIngest", "WebContext", "register"]
+__all__ = ["WORKER_REPORT_LIMITS", "WebContext", "register", "worker_report_handler"]
 
 log = logging.getLogger(__name__)
 
-
-# ---------------------------------------------------------------------------- ingest batching
-SendReports = Callable[[bytes, bytes], Awaitable[Any]]  # (message key, batch envelope) -> broker ack
-
-
-class HttpIngest:
-    """Groups single reports per (campaign, attribute, t) and publishes them as batch envelopes.
-
-    Each envelope gets a fresh unique batch id (``http:<uuid4 hex>``), so the count store applies it
-    at most once whatever the broker or the consumer redeliver.
-    """
-
-    def __init__(self, campaigns: Mapping[str, Campaign], send_reports: SendReports, metrics: Metrics,
-                 flush_seconds: float = 0.1, max_reports: int = 10_000) -> None:
-        self.campaigns = campaigns
-        self.send_reports = send_reports
-        self.metrics = metrics
-        self.flush_seconds = flush_seconds
-        self.max_reports = max_reports
-        self._groups: dict[tuple[str, str, int], list[np.ndarray]] = {}
-        self._waiters: list[asyncio.Future] = []
-        self._pending = 0
-        self._wake: asyncio.Event | None = None
-        self._stopping = False
-        self.batches_sent = 0
-        self.reports_sent = 0
-
-    def _event(self) -> asyncio.Event:
-        if self._wake is None:
-            self._wake = asyncio.Event()
-        return self._wake
-
-    async def submit(self, items: list[SingleReport]) -> int:
-        """Queue validated reports; returns once they are acknowledged by the broker."""
-        if self._stopping:
-            raise RuntimeError("the worker is shutting down")
-        fut = asyncio.get_running_loop().create_future()
-        for campaign, attr, t, reports in items:
-            self._groups.setdefault((campaign.id, attr, t), []).append(reports)
-        self._waiters.append(fut)
-        self._pending += len(items)
-        if self._pending >= self.max_reports:
-            self._event().set()
-        await fut
-        return len(items)
-
-    async def run(self) -> None:
-        """Flush every ``flush_seconds`` (or at once when ``max_reports`` wait) until :meth:`stop`."""
-        ev = self._event()
-        while not self._stopping:
-            try:
-                await asyncio.wait_for(ev.wait(), self.flush_seconds)
-            except asyncio.TimeoutError:
-                pass
-            ev.clear()
-            await self.flush()
-
-    async def stop(self) -> None:
-        self._stopping = True
-        self._event().set()
-        await self.flush()
-
-    async def flush(self) -> None:
-        if not self._waiters:
-            return
-        groups, waiters = self._groups, self._waiters
-        self._groups, self._waiters, self._pending = {}, [], 0
-        try:
-            sends = []
-            n_reports = 0
-            for (cid, attr, t), rows in groups.items():
-                campaign = self.campaigns[cid]
-                reports = np.concatenate(rows) if len(rows) > 1 else rows[0]
-                step = max(1, min(self.max_reports, campaign.max_batch_reports))
-                for i in range(0, len(reports), step):
-                    chunk = reports[i:i + step]
-                    # a fresh unique batch id: the store applies it at most once
-                    blob = envelope.pack_reports(campaign, attr, t, chunk, batch_id=f"http:{uuid.uuid4().hex}")
-                    sends.append(self.send_reports(message_key(t, attr), blob))
-                    n_reports += len(chunk)
-            await asyncio.gather(*sends)
-            self.batches_sent += len(sends)
-            self.reports_sent += n_reports
-            for (cid, attr, _t), rows in groups.items():
-                self.metrics.http_reports_total.labels(cid, attr).inc(sum(len(r) for r in rows))
-        except Exception as exc:  # noqa: BLE001 - the requests fail with 503, devices retry
-            log.exception("HTTP ingest flush failed")
-            for f in waiters:
-                if not f.done():
-                    f.set_exception(exc)
-            return
-        for f in waiters:
-            if not f.done():
-                f.set_result(None)
+#: The worker's POST /reports: bodies up to the web server's 32 MiB (lists of 10k+ reports in open mode).
+WORKER_REPORT_LIMITS = HandlerLimits(max_body_bytes=32 << 20, max_open_reports=1_000_000)
+_DISABLED = ("POST /reports needs device tokens: set LDP_DEVICE_SECRET (or LDP_DEVICE_SECRET_FILE) on the worker, "
+             "or send reports to `ldp ingest`; --open-reports accepts them without a credential, for development only")
 
 
 # ---------------------------------------------------------------------------- views
@@ -168,16 +74,37 @@ class WebContext:
     """What the views need from a worker, built by :func:`stream_app.app.create_app`.
 
     The web layer sees only this (it never imports the app): the campaigns, read-only views of
-    the worker and of the count store, and two actions (record a rejection, submit valid reports).
+    the worker and of the count store, two actions (record a rejection, submit valid reports), and
+    what ``POST /reports`` needs besides (the count store for rate limits and idempotency records, the
+    worker's metrics registry, the ``open_reports`` development switch).
     """
 
     campaigns: Mapping[str, Campaign]
-    status: Callable[[], dict[str, Any]]  # GET /status document
+    status: Callable[[], dict[str, Any]]  # GET /status document (GET /health: its healthy and problems)
     render_metrics: Callable[[], bytes]  # Prometheus text exposition
     latest_estimate: Callable[[str, str], Awaitable[bytes | None]]  # (campaign, attribute) -> stored JSON
     estimate_history: Callable[[str, str], Awaitable[dict[int, dict[str, Any]]]]  # -> t -> final estimate
     reject: Callable[..., Awaitable[dict[str, Any]]]  # (reason, detail, *, source, size, extra) -> record
     submit: Callable[[list[SingleReport]], Awaitable[int]]  # queue valid reports, wait for the broker
+    store: CountStore | None = None  # rate-limit slots and idempotency records of POST /reports
+    registry: Any = None  # the worker's prometheus CollectorRegistry (POST /reports adds its metrics)
+    open_reports: bool = False  # development: POST /reports without credentials when no secret is set
+
+
+def worker_report_handler(web: WebContext, environ: Mapping[str, str] | None = None) -> ReportHandler:
+    """The worker's ``POST /reports`` handler: tokens if ``LDP_DEVICE_SECRET`` is set, else open with
+    ``web.open_reports``, else disabled (module doc)."""
+    secret = DeviceSecret.from_env(environ)
+    metrics = IngestMetrics(web.registry, reports=False)
+    ledger = RequestLedger(web.store) if web.store is not None else None
+    common = dict(limits=WORKER_REPORT_LIMITS, reject=web.reject)
+    if secret is not None:
+        return ReportHandler(web.campaigns, web.submit, metrics, authority=TokenAuthority(secret), ledger=ledger,
+                             **common)
+    if web.open_reports:
+        log.warning("POST /reports is OPEN: reports are accepted without a credential (development only)")
+        return ReportHandler(web.campaigns, web.submit, metrics, authority=None, ledger=ledger, **common)
+    return ReportHandler(web.campaigns, web.submit, metrics, authority=None, ledger=None, disabled=_DISABLED, **common)
 
 
 def register(app: faust.App, web: WebContext) -> None:
@@ -202,6 +129,13 @@ def register(app: faust.App, web: WebContext) -> None:
     @app.page("/status")
     async def status(self: faust.web.View, request: faust.web.Request) -> faust.web.Response:
         return self.json(web.status())
+
+    @app.page("/health")
+    async def health(self: faust.web.View, request: faust.web.Request) -> faust.web.Response:
+        doc = web.status()
+        healthy = bool(doc.get("healthy", True))
+        return self.json({"healthy": healthy, "problems": doc.get("problems", []),
+                          "worker_id": doc.get("worker_id")}, status=200 if healthy else 503)
 
     @app.page("/metrics")
     async def metrics(self: faust.web.View, request: faust.web.Request) -> faust.web.Response:
@@ -228,34 +162,23 @@ def register(app: faust.App, web: WebContext) -> None:
         return self.json({"campaign": campaign, "attribute": attribute,
                           "estimates": [docs[t] for t in sorted(docs)]})
 
+    reports_handler = worker_report_handler(web)
+
     @app.page("/reports")
     class Reports(faust.web.View):
         async def post(self, request: faust.web.Request) -> faust.web.Response:
-            body = await request.read()
-            try:
-                objs = decode_report_request(body)
-            except EnvelopeError as exc:
-                doc = await web.reject(exc.reason, exc.detail, source="http", size=len(body))
-                return self.json({"error": exc.reason, "detail": doc["detail"], "rejected": 1}, status=400)
-            now = time.time()
-            good, bad = [], []
-            for i, obj in enumerate(objs):
+            async def read(limit: int) -> bytes:
                 try:
-                    good.append(decode_single_report(obj, web.campaigns, now))
-                except EnvelopeError as exc:
-                    extra = {k: obj.get(k) for k in ("campaign", "attribute", "t")} if isinstance(obj, dict) else {}
-                    extra = {k: v for k, v in extra.items() if isinstance(v, (str, int)) and not isinstance(v, bool)}
-                    await web.reject(exc.reason, exc.detail, source="http", size=len(body),
-                                     extra={**extra, "index": i})
-                    bad.append({"index": i, "reason": exc.reason, "detail": exc.detail})
-            if bad:
-                return self.json({"error": bad[0]["reason"], "detail": bad[0]["detail"], "rejected": len(bad),
-                                  "errors": bad, "accepted": 0}, status=400)
-            try:
-                n = await web.submit(good)
-            except Exception as exc:  # noqa: BLE001 - Kafka unavailable or shutting down
-                return self.json({"error": "unavailable", "detail": str(exc)}, status=503)
-            return self.json({"accepted": n})
+                    body = await request.read()  # aiohttp stops at the web server's client_max_size
+                except aioweb.HTTPRequestEntityTooLarge:
+                    raise BodyTooLarge() from None
+                if len(body) > limit:
+                    raise BodyTooLarge()
+                return body
+
+            reply = await reports_handler.handle(request.headers, read)
+            return self.bytes(reply.body, content_type="application/json", status=reply.status,
+                              headers=dict(reply.headers) or None)
 
 
 DASHBOARD_HTML = """<!doctype html>

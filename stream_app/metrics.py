@@ -31,8 +31,17 @@ class Metrics:
                                      ca, registry=r)
         self.duplicate_batches_total = Counter(
             "ldp_duplicate_batches_total",
-            "Batches skipped as already applied, by reason: batch_id (a re-sent batch: producer retry or "
-            "resume) or offset (a redelivery after a crash or rebalance).", ca + ["reason"], registry=r)
+            "Batches skipped because their batch id was already applied (a producer retry or resume, a "
+            "redelivery after a crash or rebalance, a replay after a store loss).", ca, registry=r)
+        self.store_resets_total = Counter(
+            "ldp_store_resets_total", "Times this worker found that Redis lost a campaign's data (its epoch "
+            "changed) and replayed the reports topic from the store's positions.", ["campaign"], registry=r)
+        self.topic_incarnations_total = Counter(
+            "ldp_topic_incarnations_total", "Times this worker found the reports topic recreated under it (a "
+            "broker that lost its data) and replayed the new incarnation from its first offset.", registry=r)
+        self.unrepairable_losses_total = Counter(
+            "ldp_unrepairable_losses_total", "Partitions whose messages the broker deleted before they were "
+            "counted (a replay could not repair the counts).", registry=r)
         self.watermarks_total = Counter("ldp_watermarks_total", "Watermarks applied.", ca, registry=r)
         self.rejected_total = Counter("ldp_rejected_batches_total", "Batches (or HTTP reports) rejected, by reason.",
                                       ["reason"], registry=r)
@@ -64,6 +73,29 @@ class Metrics:
                                            ["final"], registry=r)
         self.estimator_leader = Gauge("ldp_estimator_leader", "1 while this worker holds the estimator lease.",
                                       registry=r)
+        # late data and retention (stream_app/windows.py; written by the estimator lease holder)
+        self.count_regressions = Counter(
+            "ldp_count_regressions_total", "Final steps whose count in Redis fell below their published final's n "
+            "(Redis lost data; no revision is published while it is lower), once per step.", ca, registry=r)
+        self.steps_pruned = Counter("ldp_steps_pruned_total", "Steps deleted from Redis beyond the campaign's "
+                                    "retention (retention_steps).", ca, registry=r)
+        self.retention_floor = Gauge("ldp_retention_floor", "The attribute's retention floor: batches for lower "
+                                     "steps are expired, their data deleted.", ca, registry=r)
+        # health (stream_app/health.py): GET /health answers 503 while ldp_worker_healthy is 0
+        self.worker_healthy = Gauge("ldp_worker_healthy", "1 while this worker can make progress, 0 while a "
+                                    "problem stops it (GET /status lists the problems).", registry=r)
+        self.worker_problem_seconds = Gauge(
+            "ldp_worker_problem_seconds", "Seconds since each current problem of this worker began (redis, "
+            "store_retry, kafka, rebalance, starting, stopping, or an alarm).", ["problem", "component"], registry=r)
+        self.store_retries_total = Counter("ldp_store_retries_total", "Store calls of the hot path that failed "
+                                           "and were retried (Redis unreachable).", registry=r)
+        # poisoning (estimators/poisoning.py): flags only, every report is still counted
+        self.implausible_reports_total = Counter(
+            "ldp_implausible_reports_total", "Counted unary reports whose number of set bits is outside its honest "
+            "law (two-sided exact tails at 1e-6 of honest reports).", ca, registry=r)
+        self.poisoning_score = Gauge(
+            "ldp_poisoning_score", "z-score of the latest step's total support against its honest law (unary "
+            "protocols; |z| > 4.89 is a false alarm once in 10^6 honest steps).", ca, registry=r)
         self._rate_window = rate_window
         self._rate_events: deque[tuple[float, int]] = deque()
         self._rate_sum = 0

@@ -6,7 +6,7 @@ docker-compose all go through it. Precedence: command-line option > environment 
 
 - ``campaign_paths`` (required): ``LDP_CAMPAIGNS`` (``os.pathsep``-separated), ``--campaign`` / ``-c``
 - ``kafka_bootstrap`` (required): ``LDP_KAFKA_BOOTSTRAP``, ``--kafka``
-- ``redis_url`` (required): ``LDP_REDIS_URL``, ``--redis``
+- ``redis_url`` (required): ``LDP_REDIS_URL``, ``--redis`` (one node, or ``redis+cluster://host:port,...``)
 - ``app_id``: ``LDP_APP_ID``, ``--app-id``
 - ``partitions``: ``LDP_PARTITIONS``, ``--partitions``
 - ``topic_prefix``: ``LDP_TOPIC_PREFIX``, ``--topic-prefix``
@@ -21,8 +21,18 @@ docker-compose all go through it. Precedence: command-line option > environment 
 - ``logfile``: ``LDP_LOGFILE``, ``--logfile``
 - ``stream_buffer_maxsize``: ``LDP_STREAM_BUFFER_MAXSIZE``, ``--stream-buffer-maxsize``
 - ``consumer_max_fetch_size``: ``LDP_CONSUMER_MAX_FETCH_SIZE``, ``--consumer-max-fetch-size``
+- ``consumer_fetch_max_wait``: ``LDP_CONSUMER_FETCH_MAX_WAIT``, ``--consumer-fetch-max-wait``
 - ``ingest_flush_seconds``: ``LDP_INGEST_FLUSH_SECONDS``, ``--ingest-flush-seconds``
 - ``ingest_max_reports``: ``LDP_INGEST_MAX_REPORTS``, ``--ingest-max-reports``
+- ``shutdown_timeout``: ``LDP_SHUTDOWN_TIMEOUT``, ``--shutdown-timeout``
+- ``open_reports``: ``LDP_OPEN_REPORTS``, ``--open-reports``
+
+Kafka and Redis security is not a worker option but environment variables read by every client of the project
+(:mod:`wire.transport`), so that no secret is ever on a command line: ``LDP_KAFKA_SECURITY_PROTOCOL``,
+``LDP_KAFKA_SASL_MECHANISM``, ``LDP_KAFKA_USERNAME``, ``LDP_KAFKA_PASSWORD`` / ``LDP_KAFKA_PASSWORD_FILE``,
+``LDP_KAFKA_CAFILE`` / ``LDP_KAFKA_CERTFILE`` / ``LDP_KAFKA_KEYFILE``; ``LDP_REDIS_USERNAME``,
+``LDP_REDIS_PASSWORD`` / ``LDP_REDIS_PASSWORD_FILE``, ``LDP_REDIS_CAFILE`` ... (a ``redis_url`` may also carry
+``user:password@`` and be ``rediss://``; it is only ever shown redacted).
 
 An environment variable set to the empty string counts as unset. The source of these names is
 each field's metadata (:func:`setting_specs`), which ``ldp worker`` and :meth:`WorkerSettings.to_env`
@@ -64,7 +74,8 @@ class WorkerSettings:
     campaign_paths: tuple[Path, ...] = _setting(
         "LDP_CAMPAIGNS", ("--campaign", "-c"), "Campaign file (TOML); repeatable.", _paths)
     kafka_bootstrap: str = _setting("LDP_KAFKA_BOOTSTRAP", ("--kafka",), "Kafka bootstrap host:port[,host:port].")
-    redis_url: str = _setting("LDP_REDIS_URL", ("--redis",), "Redis URL, e.g. redis://127.0.0.1:6379/0.")
+    redis_url: str = _setting("LDP_REDIS_URL", ("--redis",), "Redis URL: redis://127.0.0.1:6379/0 (one node) or "
+                              "redis+cluster://host:port[,host:port...] (a Redis Cluster; rediss+cluster:// for TLS).")
     app_id: str = _setting("LDP_APP_ID", ("--app-id",), "Faust app id (= consumer group).", default="ldp-stream")
     partitions: int = _setting("LDP_PARTITIONS", ("--partitions",), "Partitions of the reports topic.", int,
                                default=4)
@@ -95,10 +106,24 @@ class WorkerSettings:
                                           "Faust stream buffer (messages).", int, default=64)
     consumer_max_fetch_size: int = _setting("LDP_CONSUMER_MAX_FETCH_SIZE", ("--consumer-max-fetch-size",),
                                             "Consumer max fetch size (bytes).", int, default=8 * 1024 * 1024)
+    consumer_fetch_max_wait: float = _setting(
+        "LDP_CONSUMER_FETCH_MAX_WAIT", ("--consumer-fetch-max-wait",),
+        "Longest wait (s) of a Kafka fetch while the worker's partitions have no new data (Faust's own: 1.5 s; "
+        "tansu answers a waiting fetch only when the wait is over, so new batches waited that long).", float,
+        default=0.1)
     ingest_flush_seconds: float = _setting("LDP_INGEST_FLUSH_SECONDS", ("--ingest-flush-seconds",),
-                                           "HTTP ingest: flush period (s).", float, default=0.1)
+                                           "POST /reports: linger (s) after a first report before its batch is "
+                                           "published.", float, default=0.005)
     ingest_max_reports: int = _setting("LDP_INGEST_MAX_REPORTS", ("--ingest-max-reports",),
                                        "HTTP ingest: reports per flushed batch at most.", int, default=10_000)
+    shutdown_timeout: float = _setting(
+        "LDP_SHUTDOWN_TIMEOUT", ("--shutdown-timeout",),
+        "After SIGTERM/SIGINT, exit by force (status 1, logging where it hung) if the clean stop has not finished "
+        "within this many seconds (Redis or the broker unreachable).", float, default=10.0)
+    open_reports: bool = _setting(
+        "LDP_OPEN_REPORTS", ("--open-reports",), "Development only: POST /reports takes reports without a credential "
+        "when no device-token secret (LDP_DEVICE_SECRET) is set; without either it is disabled.",
+        lambda text: text.strip().lower() in ("1", "true", "yes", "on"), default=False)
 
     def __post_init__(self) -> None:
         paths = self.campaign_paths
@@ -115,7 +140,8 @@ class WorkerSettings:
                 raise SettingsError(f"{name} is empty: {_describe(name)}")
         if self.partitions < 1:
             raise SettingsError(f"partitions must be >= 1, got {self.partitions}")
-        for name in ("refresh_seconds", "session_timeout", "ingest_flush_seconds"):
+        for name in ("refresh_seconds", "session_timeout", "ingest_flush_seconds", "shutdown_timeout",
+                     "consumer_fetch_max_wait"):
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise SettingsError(f"{name} must be > 0, got {value}")
@@ -153,6 +179,14 @@ class WorkerSettings:
         if missing:
             raise SettingsError("missing worker setting(s): " + "; ".join(_describe(n) for n in missing))
         return cls(**values)
+
+    def __repr__(self) -> str:
+        """The settings, the Redis URL's password masked (``wire.transport.redact_url``): safe to log."""
+        from wire.transport import redact_url
+
+        shown = (f"{f.name}={redact_url(v)!r}" if f.name == "redis_url" else f"{f.name}={v!r}"
+                 for f in fields(self) for v in (getattr(self, f.name),))
+        return f"{type(self).__name__}({', '.join(shown)})"
 
     # ------------------------------------------------------------------ exporting
     def to_env(self) -> dict[str, str]:

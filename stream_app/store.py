@@ -13,78 +13,146 @@ Keys (the braces are a Redis Cluster hash tag: all keys of a campaign live in on
 * ``ldp:{<campaign>}:<attribute>:estimates``: hash ``t -> JSON`` of the final estimates (the history);
 * ``ldp:{<campaign>}:<attribute>:latest``: JSON of the latest estimate (highest ``t``);
 * ``ldp:{<campaign>}:<attribute>:closed_ts``: hash ``t -> wall-clock time its watermark was applied``;
+* ``ldp:{<campaign>}:<attribute>:finals``: hash ``t -> "<n>:<revision>"`` of the published finals (a compact
+  index of the history: what the estimator compares a step's ``n`` with; ``revision`` -1 is never stored);
+* ``ldp:{<campaign>}:<attribute>:touched``: sorted set, step ``t`` -> how many batches were applied to it
+  since the estimator last looked (:meth:`CountStore.apply_batch` marks the step of every
+  applied batch; the estimator revises the final of a touched final step: late data);
+* ``ldp:{<campaign>}:<attribute>:floor``: the retention floor (absent: 0): steps ``t < floor`` are expired,
+  deleted from every key above (:meth:`CountStore.prune_steps`) and their batches refused;
+* ``ldp:{<campaign>}:<attribute>:pruned``: hash ``count`` (steps pruned from the step index: the privacy
+  figures' "steps so far" add them) and ``max`` (the highest pruned step);
+* ``ldp:{<campaign>}:epoch``: the campaign's store epoch, a random id written once (see below);
+* ``ldp:{<campaign>}:cursor``: hash ``<app_id>|<topic>:<partition> -> <offset>|<ident>``, the campaign's last
+  message from each partition that the store holds (set by the apply scripts with the counts);
+* ``ldp:positions:<app_id>``: hash ``<topic>:<partition> -> <offset>|<ident>``, the last message of each
+  partition a worker handled (the consumer position is restored from it, not from Kafka's commits);
 * ``ldp:estimator-lease:<app_id>``: the estimator lease (value: the holder's worker id);
-* ``ldp:estimator-wake:<app_id>``: pub/sub channel that wakes the estimator after a watermark.
+* ``ldp:estimator-wake:<app_id>``: pub/sub channel that wakes the estimator after a watermark;
+* ``ldp:rate:<campaign>:<t>:<slot>``: the ingest's rate-limit slot of one report (:mod:`stream_app.ingest`):
+  ``slot`` is a keyed per-step hash of the device and the attribute (never the device id), the value the
+  request that holds it; it expires when step ``t`` no longer takes reports (:meth:`CountStore.claim_ingest_keys`);
+* ``ldp:request:<id>``: the ingest's idempotency record of a request (``id``: a keyed hash of the credential
+  and the ``Idempotency-Key``): pending, or the first answer; it expires after the idempotency window.
 
 Fields of a step hash:
 
 * ``c:<j>``: support count of value (or bucket) ``j``; absent means 0;
 * ``n``: number of reports counted;
-* ``off:<partition>``: last applied Kafka offset of that partition;
 * ``b:<batch_id>``: the producer's id of an applied batch (value: ``<partition>:<offset>``);
 * ``closed``: 1 once a watermark for the step was applied;
 * ``first_ts`` / ``last_ts``: wall-clock time (s) of the first / last applied batch.
 
-A batch is applied by one Lua script on one key that skips it if its batch id (from the
-envelope, chosen by the producer) was already applied -- a re-sent batch (producer retry,
-resumed fleet) never counts twice -- and otherwise unless its offset is newer than the
-partition's last applied one: redelivery after a crash never counts twice (exactly-once
-counting). A batch without an id has only the offset check. One key per script keeps it
-Redis-Cluster-safe. Side indexes (the set of steps
-of an attribute, final estimates) are idempotent writes outside the script.
+A batch is applied by one Lua script that skips it if its batch id (from the envelope, chosen by
+the producer) was already applied to the step: a re-sent batch (producer retry, resumed fleet),
+a redelivery after a crash or a replay from Kafka never counts twice, whatever its partition or
+offset (offsets restart with a recreated topic, so they never decide a skip). The same script
+checks the campaign's epoch: if Redis lost the campaign's keys (a restart without persistence,
+a flush, a failover to an empty replica) the epoch is gone, the script changes nothing and
+returns :data:`STORE_RESET`, and the worker replays from its restored position. It also compares the
+server's run id with the one the worker last applied to: after a restart it returns :data:`SERVER_CHANGED`
+and applies nothing until the worker compared the campaign's cursors with what it had applied (a restart
+that lost the last writes but kept the epoch is replayed from the cursors). The script's
+keys share the campaign's hash tag (Redis-Cluster-safe). Side indexes (the set of steps of an
+attribute, final estimates) are idempotent writes outside the script.
+
+Retention: the leader estimator raises an attribute's floor (never lowers it: one script) as
+finals accumulate (``Campaign.retention_steps``) and prunes the steps below it, a bounded batch
+per tick, each batch in one script (count hashes ``UNLINK``-ed, their entries in ``steps``,
+``estimates``, ``finals``, ``closed_ts``, ``touched`` removed). Memory per retained step and
+attribute: README, "Retention".
 """
 from __future__ import annotations
 
+import functools
 import json
 import time
-from typing import Any, Iterable, Mapping, TypedDict
+import uuid
+from typing import Any, Iterable, Mapping, NamedTuple, Sequence, TypedDict
 
 import numpy as np
 import redis
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError
+import redis.asyncio.cluster
+import redis.cluster
+from redis.exceptions import RedisClusterException, RedisError
 
-__all__ = ["APPLIED", "DUPLICATE_BATCH_ID", "DUPLICATE_OFFSET", "CountStore", "RETRYABLE_ERRORS", "StepState",
-           "WakeUps", "closed_ts_key", "count_key", "estimates_key", "latest_key", "lease_key", "read_step_sync", "steps_key", "wake_channel"]
+from wire.transport import RedisSecurity, redact_url
 
-# Errors after which a store call may succeed if retried (connection loss, loading, OOM, ...).
-RETRYABLE_ERRORS: tuple[type[BaseException], ...] = (RedisError, ConnectionError, OSError)
+__all__ = ["ALREADY_CLOSED", "APPLIED", "DUPLICATE_BATCH_ID", "EXPIRED", "SERVER_CHANGED", "STORE_RESET", "CountStore", "Position", "RETRYABLE_ERRORS", "StepState",
+           "WakeUps", "CLUSTER_SCHEMES", "closed_ts_key", "cluster_url", "connect", "cursor_key", "connect_sync", "count_key",
+           "epoch_key", "estimates_key", "is_cluster_url", "latest_key", "lease_key", "positions_key", "read_step_sync", "steps_key",
+           "wake_channel", "finals_key", "floor_key", "pruned_key", "touched_key", "IngestClaim", "rate_slot_key",
+           "request_key"]
+
+# Errors after which a store call may succeed if retried (connection loss, loading, OOM, ...; on a cluster
+# also no reachable node or an uncovered slot, which redis-py raises outside RedisError).
+RETRYABLE_ERRORS: tuple[type[BaseException], ...] = (RedisError, RedisClusterException, ConnectionError, OSError)
 
 _COUNT_FIELD = "c:"
-_OFFSET_FIELD = "off:"
 _BATCH_FIELD = "b:"
 _BATCH_PREFIX = _BATCH_FIELD.encode()
 
-# Results of the apply script.
-APPLIED, DUPLICATE_OFFSET, DUPLICATE_BATCH_ID = 1, 0, 2
+# Results of the apply scripts.
+APPLIED = 1             # the batch was counted / the watermark closed the step
+ALREADY_CLOSED = 0      # a watermark of a step already closed (idempotent: nothing changed)
+DUPLICATE_BATCH_ID = 2  # the batch id was applied before (a re-send, redelivery or replay): nothing changed
+STORE_RESET = 3         # the campaign's epoch is not the worker's: Redis lost data; nothing changed
+EXPIRED = 4             # the step is below the attribute's retention floor (pruned): nothing changed
+SERVER_CHANGED = 5      # Redis restarted since the last apply to the campaign: nothing changed until the worker
+                        # checked the cursors and called CountStore.accept_server (or replays what was lost)
 
-# KEYS[1] = count key. ARGV = partition, offset, now, n, closed(0/1), batch_id ('' = none), j1, c1, j2, c2, ...
-# Returns 1 (applied), 0 (offset already applied) or 2 (batch id already applied).
-_APPLY = """
-if ARGV[6] ~= '' and redis.call('HEXISTS', KEYS[1], 'b:' .. ARGV[6]) == 1 then
-  return 2
+# Both apply scripts begin by comparing the Redis server's run id with the one the worker last applied to for
+# the campaign (ARGV server; '' = not known yet): a new run id means Redis restarted, possibly without its last
+# writes (an AOF ``everysec`` loss, a failover to a lagging replica), and nothing is applied until the worker
+# checked the campaign's cursors (:meth:`CountStore.cursors`). Every result is ``{status, run id}``.
+_SERVER_CHECK = """
+local run = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)') or ''
+if ARGV[SERVER] ~= '' and ARGV[SERVER] ~= run then
+  return {5, run}
 end
-local last = redis.call('HGET', KEYS[1], 'off:' .. ARGV[1])
-if last and tonumber(last) >= tonumber(ARGV[2]) then
-  return 0
+if redis.call('GET', KEYS[2]) ~= ARGV[1] then
+  return {3, run}
 end
-if ARGV[6] ~= '' then
-  redis.call('HSETNX', KEYS[1], 'b:' .. ARGV[6], ARGV[1] .. ':' .. ARGV[2])
+local floor = redis.call('GET', KEYS[3])
+if floor and tonumber(ARGV[STEP]) < tonumber(floor) then
+  return {4, run}
 end
-for i = 7, #ARGV, 2 do
-  redis.call('HINCRBY', KEYS[1], 'c:' .. ARGV[i], ARGV[i + 1])
-end
-if tonumber(ARGV[4]) > 0 then
-  redis.call('HINCRBY', KEYS[1], 'n', ARGV[4])
-  redis.call('HSETNX', KEYS[1], 'first_ts', ARGV[3])
-  redis.call('HSET', KEYS[1], 'last_ts', ARGV[3])
-end
-if ARGV[5] == '1' then
-  redis.call('HSET', KEYS[1], 'closed', 1)
-end
-redis.call('HSET', KEYS[1], 'off:' .. ARGV[1], ARGV[2])
-return 1
 """
+
+# ``ldp:{c}:cursor`` (KEYS[4]) field ARGV[cursor field] = ARGV[cursor value]: the campaign's last message from a
+# partition whose effects the store holds (in the campaign's slot, so written with the counts, atomically).
+_SET_CURSOR = """
+if ARGV[CURSOR] ~= '' then
+  redis.call('HSET', KEYS[4], ARGV[CURSOR], ARGV[CURSOR + 1])
+end
+"""
+
+# KEYS[1] = count key, KEYS[2] = epoch key of the campaign, KEYS[3] = retention floor of the attribute,
+# KEYS[4] = cursor key of the campaign. ARGV = epoch, now, n, batch_id, where ('<partition>:<offset>'), t, server,
+# cursor field, cursor value, j1, c1, j2, c2, ...
+_APPLY = (_SERVER_CHECK.replace("SERVER", "7").replace("STEP", "6") + """
+local status = 1
+if redis.call('HSETNX', KEYS[1], 'b:' .. ARGV[4], ARGV[5]) == 0 then
+  status = 2
+else
+  for i = 10, #ARGV, 2 do
+    redis.call('HINCRBY', KEYS[1], 'c:' .. ARGV[i], ARGV[i + 1])
+  end
+  redis.call('HINCRBY', KEYS[1], 'n', ARGV[3])
+  redis.call('HSETNX', KEYS[1], 'first_ts', ARGV[2])
+  redis.call('HSET', KEYS[1], 'last_ts', ARGV[2])
+end
+""" + _SET_CURSOR.replace("CURSOR", "8") + """
+return {status, run}
+""")
+
+# KEYS as _APPLY. ARGV = epoch, t, server, cursor field, cursor value.
+_WATERMARK = (_SERVER_CHECK.replace("SERVER", "3").replace("STEP", "2") + """
+local status = redis.call('HSETNX', KEYS[1], 'closed', 1)
+""" + _SET_CURSOR.replace("CURSOR", "4") + """
+return {status, run}
+""")
 
 # KEYS[1] = lease key. ARGV = holder, ttl (ms). Take a free lease or renew one's own.
 _CLAIM_LEASE = """
@@ -106,6 +174,66 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('DEL', KEYS[1])
 end
 return 0
+"""
+
+# KEYS[1] = touched key. ARGV = t1, score1, t2, score2, ...: remove each mark whose score is still the one read
+# (a batch applied since then incremented it: the mark stays for the next look). Returns how many were removed.
+_CLEAR_TOUCHED = """
+local removed = 0
+for i = 1, #ARGV, 2 do
+  local s = redis.call('ZSCORE', KEYS[1], ARGV[i])
+  if s and tonumber(s) == tonumber(ARGV[i + 1]) then
+    removed = removed + redis.call('ZREM', KEYS[1], ARGV[i])
+  end
+end
+return removed
+"""
+
+# KEYS[1] = floor key. ARGV = floor. Raise the retention floor, never lower it; returns the floor.
+_RAISE_FLOOR = """
+local cur = tonumber(redis.call('GET', KEYS[1]) or '0')
+local new = tonumber(ARGV[1])
+if new > cur then
+  redis.call('SET', KEYS[1], ARGV[1])
+  return new
+end
+return cur
+"""
+
+# KEYS = floor, steps, estimates, finals, closed_ts, touched, pruned, count key of t1, count key of t2, ...;
+# ARGV = t1, t2, ... Forget each step below the floor (a step at or above it is left alone); count in `pruned`
+# the steps that leave the index above the highest pruned before (a step recreated below it is not counted
+# twice). Returns {how many left the step index, the pruned count}.
+_PRUNE = """
+local floor = tonumber(redis.call('GET', KEYS[1]) or '0')
+local top = tonumber(redis.call('HGET', KEYS[7], 'max') or '-1')
+local count = tonumber(redis.call('HGET', KEYS[7], 'count') or '0')
+local removed = 0
+for i = 1, #ARGV do
+  local t = tonumber(ARGV[i])
+  if t < floor then
+    redis.call('UNLINK', KEYS[7 + i])
+    local gone = redis.call('ZREM', KEYS[2], ARGV[i])
+    removed = removed + gone
+    if gone == 1 and t > top then
+      top = t
+      count = count + 1
+    end
+    redis.call('HDEL', KEYS[3], ARGV[i])
+    redis.call('HDEL', KEYS[4], ARGV[i])
+    redis.call('HDEL', KEYS[5], ARGV[i])
+    redis.call('ZREM', KEYS[6], ARGV[i])
+  end
+end
+redis.call('HSET', KEYS[7], 'max', top, 'count', count)
+return {removed, count}
+"""
+
+# KEYS[1] = estimates, KEYS[2] = finals. ARGV = t, estimate JSON, '<n>:<revision>'. Record a final (or a revision).
+_RECORD_FINAL = """
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
+return 1
 """
 
 
@@ -139,6 +267,42 @@ def closed_ts_key(campaign: str, attribute: str) -> str:
     return f"{_attribute_prefix(campaign, attribute)}:closed_ts"
 
 
+def finals_key(campaign: str, attribute: str) -> str:
+    """Hash ``t -> "<n>:<revision>"`` of the published final estimates."""
+    return f"{_attribute_prefix(campaign, attribute)}:finals"
+
+
+def touched_key(campaign: str, attribute: str) -> str:
+    """Sorted set of the steps that got batches since the estimator last looked (score: how many)."""
+    return f"{_attribute_prefix(campaign, attribute)}:touched"
+
+
+def floor_key(campaign: str, attribute: str) -> str:
+    """The retention floor of an attribute: steps below it are expired (absent: 0)."""
+    return f"{_attribute_prefix(campaign, attribute)}:floor"
+
+
+def pruned_key(campaign: str, attribute: str) -> str:
+    """Hash ``count`` / ``max`` of the steps pruned from an attribute's step index."""
+    return f"{_attribute_prefix(campaign, attribute)}:pruned"
+
+
+def epoch_key(campaign: str) -> str:
+    """The campaign's store epoch: a random id written once; if it vanishes or changes, Redis lost data."""
+    return f"ldp:{{{campaign}}}:epoch"
+
+
+def cursor_key(campaign: str) -> str:
+    """Hash ``<app_id>|<topic>:<partition> -> <offset>|<message ident>``: the campaign's last message from each
+    partition whose effects the store holds (written by the apply scripts, in the campaign's slot)."""
+    return f"ldp:{{{campaign}}}:cursor"
+
+
+def positions_key(app_id: str) -> str:
+    """Hash ``<topic>:<partition> -> <offset>|<message ident>`` of a consumer group's handled messages."""
+    return f"ldp:positions:{app_id}"
+
+
 def lease_key(app_id: str) -> str:
     """The estimator lease of a consumer group."""
     return f"ldp:estimator-lease:{app_id}"
@@ -149,21 +313,67 @@ def wake_channel(app_id: str) -> str:
     return f"ldp:estimator-wake:{app_id}"
 
 
+def rate_slot_key(campaign: str, t: int, slot: bytes) -> str:
+    """The ingest's rate-limit slot of one report: ``slot`` is a keyed hash, never a device id (no hash tag: the
+    slots spread over a cluster's nodes)."""
+    return f"ldp:rate:{campaign}:{int(t)}:{slot.hex()}"
+
+
+def request_key(request: bytes) -> str:
+    """The ingest's idempotency record of a request (``request``: a keyed hash of credential and key)."""
+    return f"ldp:request:{request.hex()}"
+
+
+class IngestClaim(NamedTuple):
+    """A key the ingest claims for a request: set to ``value`` for ``ttl`` seconds unless it exists."""
+
+    key: str
+    value: bytes
+    ttl: int
+
+
 # ---------------------------------------------------------------------------- step state
+class Position(NamedTuple):
+    """The message a worker handled last on a partition: what :meth:`CountStore.positions` returns later."""
+
+    app_id: str
+    topic: str
+    partition: int
+    offset: int
+    ident: str
+
+
+def _position_entry(position: Position) -> tuple[str, str]:
+    """The field and value of ``position`` in the positions hash."""
+    return f"{position.topic}:{position.partition}", f"{position.offset}|{position.ident}"
+
+
+def _parse_positions(raw: Mapping[Any, Any], prefix: str) -> dict[int, tuple[int, str]]:
+    """``partition -> (offset, ident)`` from a positions or cursor hash: the fields ``<prefix><partition>``
+    and their values ``<offset>|<ident>`` (:func:`_position_entry`)."""
+    out: dict[int, tuple[int, str]] = {}
+    for field_, value in raw.items():
+        field_ = field_.decode() if isinstance(field_, bytes) else field_
+        value = value.decode() if isinstance(value, bytes) else value
+        if field_.startswith(prefix) and field_[len(prefix):].isdigit():
+            offset, _, ident = value.partition("|")
+            out[int(field_[len(prefix):])] = (int(offset), ident)
+    return out
+
+
 class StepState(TypedDict):
-    """One step's hash, parsed: support counts, ``n``, watermark flag, batch times, partition offsets."""
+    """One step's hash, parsed: support counts, ``n``, watermark flag, batch times."""
 
     counts: np.ndarray  # int64, (support size,)
     n: int
     closed: bool
     first_ts: float | None
     last_ts: float | None
-    offsets: dict[int, int]
 
 
 def _parse_step(raw: Mapping[bytes, bytes], size: int) -> StepState:
     counts = np.zeros(size, dtype=np.int64)
-    state = StepState(counts=counts, n=0, closed=False, first_ts=None, last_ts=None, offsets={})
+    state = StepState(counts=counts, n=0, closed=False, first_ts=None, last_ts=None)
     for k, v in raw.items():
         if k.startswith(_BATCH_PREFIX):  # applied batch ids: not part of the step's counts
             continue
@@ -172,8 +382,6 @@ def _parse_step(raw: Mapping[bytes, bytes], size: int) -> StepState:
             j = int(k[len(_COUNT_FIELD):])
             if 0 <= j < size:
                 counts[j] = int(v)
-        elif k.startswith(_OFFSET_FIELD):
-            state["offsets"][int(k[len(_OFFSET_FIELD):])] = int(v)
         elif k == "n":
             state["n"] = int(v)
         elif k == "closed":
@@ -185,9 +393,90 @@ def _parse_step(raw: Mapping[bytes, bytes], size: int) -> StepState:
     return state
 
 
+# ---------------------------------------------------------------------------- connecting (one node or a cluster)
+#: URL schemes of a Redis Cluster (``rediss+cluster`` = TLS): ``redis+cluster://[user:password@]host:port[,host:port...]``
+#: lists seed nodes (any reachable one suffices: the client discovers the others and the slot map);
+#: an optional path may only be ``/0`` and query options are passed on as for ``redis://`` URLs.
+CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
+_DEFAULT_PORT = 6379
+
+
+def is_cluster_url(url: str) -> bool:
+    """True if ``url`` names a Redis Cluster (``redis+cluster://`` or ``rediss+cluster://``)."""
+    return url.split("://", 1)[0].lower() in CLUSTER_SCHEMES
+
+
+def cluster_url(nodes: Iterable[tuple[str, int]], *, tls: bool = False) -> str:
+    """The cluster URL of the seed nodes ``(host, port)``."""
+    hosts = ",".join(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in nodes)
+    if not hosts:
+        raise ValueError("a cluster URL needs at least one node")
+    return f"{'rediss' if tls else 'redis'}+cluster://{hosts}"
+
+
+def _split_host_port(text: str, url: str) -> tuple[str, int]:
+    host, port = text, str(_DEFAULT_PORT)
+    if text.startswith("["):  # [ipv6]:port
+        host, _, rest = text[1:].partition("]")
+        port = rest[1:] if rest.startswith(":") else port
+    elif ":" in text:
+        host, port = text.rsplit(":", 1)
+    if not host or not port.isdigit():
+        raise ValueError(f"bad node {text!r} in Redis Cluster URL {redact_url(url)!r} (expected host:port)")
+    return host, int(port)
+
+
+def _cluster_seeds(url: str) -> tuple[str, list[tuple[str, int]]]:
+    """A single-node URL of the first seed (credentials, options) and every seed ``(host, port)``."""
+    scheme, _, rest = url.partition("://")
+    end = min((i for i in (rest.find("/"), rest.find("?")) if i >= 0), default=len(rest))
+    authority, tail = rest[:end], rest[end:]
+    userinfo, _, hosts = authority.rpartition("@")
+    seeds = [_split_host_port(h.strip(), url) for h in hosts.split(",") if h.strip()]
+    if not seeds:
+        raise ValueError(f"Redis Cluster URL {redact_url(url)!r} names no node (expected {scheme}://host:port[,host:port...])")
+    path = tail.partition("?")[0]
+    if path not in ("", "/", "/0"):
+        raise ValueError(f"Redis Cluster URL {redact_url(url)!r}: a cluster has database 0 only, got path {path!r}")
+    host, port = seeds[0]
+    netloc = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    first = f"{CLUSTER_SCHEMES[scheme.lower()]}://{userinfo + '@' if userinfo else ''}{netloc}{tail}"
+    return first, seeds
+
+
+def connect(url: str) -> "aioredis.Redis | aioredis.RedisCluster":
+    """An async client of ``url``: one node (``redis://``, ``rediss://``, ``unix://``) or a cluster (:data:`CLUSTER_SCHEMES`).
+
+    Credentials and TLS files: the URL's, else ``LDP_REDIS_PASSWORD`` ... (:class:`wire.transport.RedisSecurity`)."""
+    security = RedisSecurity.from_env().client_kwargs(url)
+    if not is_cluster_url(url):
+        return aioredis.from_url(url, **security)
+    first, seeds = _cluster_seeds(url)
+    return aioredis.RedisCluster.from_url(first, startup_nodes=[aioredis.cluster.ClusterNode(h, p) for h, p in seeds],
+                                          **security)
+
+
+def connect_sync(url: str) -> "redis.Redis | redis.cluster.RedisCluster":
+    """:func:`connect` for synchronous code."""
+    security = RedisSecurity.from_env().client_kwargs(url)
+    if not is_cluster_url(url):
+        return redis.Redis.from_url(url, **security)
+    first, seeds = _cluster_seeds(url)
+    return redis.cluster.RedisCluster.from_url(first, startup_nodes=[redis.cluster.ClusterNode(h, p) for h, p in seeds],
+                                               **security)
+
+
+@functools.lru_cache(maxsize=8)
+def _shared_cluster_client(url: str) -> "redis.cluster.RedisCluster":
+    """One synchronous cluster client per URL: its start-up (slot map, command table) takes ~50 ms."""
+    return connect_sync(url)
+
+
 def read_step_sync(redis_url: str, campaign: str, attribute: str, t: int, size: int) -> StepState:
     """:meth:`CountStore.read_step` from synchronous code (a test or a benchmark waiting for counts)."""
-    client = redis.Redis.from_url(redis_url)
+    if is_cluster_url(redis_url):
+        return _parse_step(_shared_cluster_client(redis_url).hgetall(count_key(campaign, attribute, t)), size)
+    client = connect_sync(redis_url)
     try:
         return _parse_step(client.hgetall(count_key(campaign, attribute, t)), size)
     finally:
@@ -217,50 +506,145 @@ class WakeUps:
 class CountStore:
     """Async access to the support counts, the step index, the estimates and the estimator lease."""
 
-    def __init__(self, client: aioredis.Redis) -> None:
+    def __init__(self, client: "aioredis.Redis | aioredis.RedisCluster") -> None:
         self.redis = client
         self._apply = client.register_script(_APPLY)
+        self._watermark = client.register_script(_WATERMARK)
+        self._epochs: dict[str, str] = {}
+        self._servers: dict[str, str] = {}  # campaign -> run id of the server the last apply went to
+        self._new_servers: dict[str, str] = {}  # campaign -> run id seen with SERVER_CHANGED, until accepted
         self._claim_lease = client.register_script(_CLAIM_LEASE)
         self._release_lease = client.register_script(_RELEASE_LEASE)
+        self._clear_touched = client.register_script(_CLEAR_TOUCHED)
+        self._raise_floor = client.register_script(_RAISE_FLOOR)
+        self._prune = client.register_script(_PRUNE)
+        self._record_final = client.register_script(_RECORD_FINAL)
 
     @classmethod
     def from_url(cls, url: str) -> "CountStore":
-        return cls(aioredis.from_url(url))
+        """A store on one Redis node or on a Redis Cluster (``redis+cluster://host:port,...``; see :func:`connect`)."""
+        return cls(connect(url))
 
     async def close(self) -> None:
         await self.redis.aclose()
 
     # ------------------------------------------------------------------ counting (the agent)
-    async def apply_batch_status(self, campaign: str, attribute: str, t: int, partition: int, offset: int,
-                                 counts: np.ndarray, n: int, batch_id: str = "") -> int:
-        """Add a batch's support counts unless its ``batch_id`` or this partition offset was already applied.
+    async def epoch(self, campaign: str) -> str:
+        """The campaign's store epoch (created if absent: a new store, or one that lost its data)."""
+        cached = self._epochs.get(campaign)
+        if cached is None:
+            key = epoch_key(campaign)
+            await self.redis.set(key, uuid.uuid4().hex, nx=True)
+            raw = await self.redis.get(key)
+            cached = self._epochs[campaign] = raw.decode() if isinstance(raw, bytes) else str(raw)
+        return cached
 
-        Returns :data:`APPLIED`, :data:`DUPLICATE_BATCH_ID` (the id was applied before: a re-sent
-        batch) or :data:`DUPLICATE_OFFSET` (the offset was applied before: a redelivery); nothing
-        changes for a duplicate. An empty ``batch_id`` has the offset check only."""
+    def forget_epochs(self) -> None:
+        """Read the campaigns' epochs again on next use and accept the current server (after a rebalance
+        restored the positions from it)."""
+        self._epochs.clear()
+        self._servers.clear()
+        self._new_servers.clear()
+
+    def accept_server(self, campaign: str) -> None:
+        """The worker checked the cursors after :data:`SERVER_CHANGED`: apply to the new server from now on."""
+        if campaign in self._new_servers:
+            self._servers[campaign] = self._new_servers.pop(campaign)
+
+    async def _run_apply(self, script: Any, campaign: str, keys: list[str], head: list[Any],
+                         position: Position | None, tail: list[Any] | None = None) -> int:
+        """Run an apply script: ARGV = ``head``, the expected server, the cursor field and value, ``tail``."""
+        cursor = ("", "")
+        if position is not None:
+            field_, value = _position_entry(position)
+            cursor = (f"{position.app_id}|{field_}", value)
+        args = [*head, self._servers.get(campaign, ""), *cursor, *(tail or ())]
+        status, run = await script(keys=keys + [cursor_key(campaign)], args=args)
+        run = run.decode() if isinstance(run, bytes) else str(run)
+        if int(status) == SERVER_CHANGED:
+            self._new_servers[campaign] = run
+        else:
+            self._servers[campaign] = run
+        return int(status)
+
+    async def cursors(self, campaign: str, app_id: str, topic: str) -> dict[int, tuple[int, str]]:
+        """``partition -> (offset, ident)``: the campaign's last message of each partition that the store holds."""
+        return _parse_positions(await self.redis.hgetall(cursor_key(campaign)), f"{app_id}|{topic}:")
+
+    async def apply_batch(self, campaign: str, attribute: str, t: int, counts: np.ndarray, n: int, batch_id: str,
+                          where: str = "", position: Position | None = None) -> int:
+        """Add a batch's support counts unless its ``batch_id`` was already applied to step ``t``.
+
+        Returns :data:`APPLIED`, :data:`DUPLICATE_BATCH_ID` (nothing changed: a re-sent, redelivered or
+        replayed batch), :data:`EXPIRED` (nothing changed: step ``t`` is below the retention floor) or
+        :data:`STORE_RESET` (nothing changed: the campaign's epoch is gone or new, so Redis lost data since
+        this store last saw it; the next call uses the new epoch) or :data:`SERVER_CHANGED` (nothing changed:
+        Redis restarted since the last apply to the campaign; call :meth:`accept_server` once the campaign's
+        :meth:`cursors` showed nothing lost). ``where``
+        (``"<partition>:<offset>"``) is kept with the batch id for diagnosis. ``position``: the message's
+        consumer position, recorded after the batch (in the round trip that indexes the step) unless the store
+        was reset: on a single node the position never runs ahead of the counts, even after an AOF loss."""
+        if not batch_id:
+            raise ValueError("a batch must have a batch id")
+        epoch = await self.epoch(campaign)
         nz = np.flatnonzero(counts)
-        args: list[Any] = [partition, offset, _stamp(time.time()), int(n), 0, batch_id]
         pairs = np.empty(2 * nz.size, dtype=np.int64)
         pairs[0::2], pairs[1::2] = nz, np.asarray(counts)[nz]
-        args.extend(pairs.tolist())
-        status = int(await self._apply(keys=[count_key(campaign, attribute, t)], args=args))
-        if status == APPLIED:
-            await self.redis.zadd(steps_key(campaign, attribute), {str(t): t})
+        keys = [count_key(campaign, attribute, t), epoch_key(campaign), floor_key(campaign, attribute)]
+        status = await self._run_apply(self._apply, campaign, keys,
+                                       [epoch, _stamp(time.time()), int(n), batch_id, where, int(t)], position,
+                                       pairs.tolist())
+        await self._after_apply(status, campaign, attribute, t, position, touch=True)
         return status
 
-    async def apply_batch(self, campaign: str, attribute: str, t: int, partition: int, offset: int,
-                          counts: np.ndarray, n: int, batch_id: str = "") -> bool:
-        """:meth:`apply_batch_status` as a flag: ``False`` for a duplicate (nothing changed)."""
-        return await self.apply_batch_status(campaign, attribute, t, partition, offset, counts, n,
-                                             batch_id) == APPLIED
+    async def _after_apply(self, status: int, campaign: str, attribute: str, t: int, position: Position | None, *,
+                           touch: bool) -> None:
+        """Index the step, mark it touched (late data, :meth:`touched`) and record the position, in one round
+        trip; or forget the epoch after a reset. An expired step records nothing (the agent rejects it)."""
+        if status == STORE_RESET:
+            self._epochs.pop(campaign, None)
+            return
+        if status in (EXPIRED, SERVER_CHANGED) or (status != APPLIED and position is None):
+            return
+        pipe = self.redis.pipeline(transaction=False)
+        if status == APPLIED:
+            pipe.zadd(steps_key(campaign, attribute), {str(t): t})
+            if touch:
+                pipe.zincrby(touched_key(campaign, attribute), 1, str(t))
+        if position is not None:
+            pipe.hset(positions_key(position.app_id), *_position_entry(position))
+        await pipe.execute()
 
-    async def apply_watermark(self, campaign: str, attribute: str, t: int, partition: int, offset: int) -> bool:
-        """Mark step ``t`` closed (no more reports from its producer), exactly once."""
-        applied = await self._apply(keys=[count_key(campaign, attribute, t)],
-                                    args=[partition, offset, _stamp(time.time()), 0, 1, ""]) == APPLIED
-        if applied:
-            await self.redis.zadd(steps_key(campaign, attribute), {str(t): t})
-        return bool(applied)
+    async def apply_watermark(self, campaign: str, attribute: str, t: int, position: Position | None = None) -> int:
+        """Mark step ``t`` closed (no more reports from its producer): :data:`APPLIED` the first time,
+        :data:`ALREADY_CLOSED` after, :data:`STORE_RESET` as in :meth:`apply_batch` (``position`` too)."""
+        epoch = await self.epoch(campaign)
+        keys = [count_key(campaign, attribute, t), epoch_key(campaign), floor_key(campaign, attribute)]
+        status = await self._run_apply(self._watermark, campaign, keys, [epoch, int(t)], position)
+        await self._after_apply(status, campaign, attribute, t, position, touch=False)
+        return status
+
+    # ------------------------------------------------------------------ consumer positions
+    async def server_id(self) -> str:
+        """The Redis server's run id (a new one after every restart; a cluster's: its nodes' ids, sorted)."""
+        info = await self.redis.info("server")
+        if "run_id" in info:
+            return str(info["run_id"])
+        return ",".join(sorted(str(v.get("run_id")) for v in info.values() if isinstance(v, dict)))
+
+    async def set_position(self, position: Position) -> None:
+        """Record ``position`` as its partition's last handled message (moves a position back before a replay)."""
+        await self.redis.hset(positions_key(position.app_id), *_position_entry(position))
+
+    async def forget_positions(self, app_id: str, topic: str, partitions: Iterable[int]) -> None:
+        """Drop the recorded positions of ``partitions`` (their topic was recreated: replay it from the start)."""
+        fields_ = [f"{topic}:{p}" for p in partitions]
+        if fields_:
+            await self.redis.hdel(positions_key(app_id), *fields_)
+
+    async def positions(self, app_id: str, topic: str) -> dict[int, tuple[int, str]]:
+        """``partition -> (offset, ident)`` of the last handled message of each partition of ``topic``."""
+        return _parse_positions(await self.redis.hgetall(positions_key(app_id)), f"{topic}:")
 
     async def record_closed_at(self, campaign: str, attribute: str, t: int, when: float) -> None:
         """Remember when step ``t``'s watermark was first applied (later calls keep the first time)."""
@@ -274,6 +658,13 @@ class CountStore:
     async def read_step(self, campaign: str, attribute: str, t: int, size: int) -> StepState:
         """The counts and state of step ``t`` (``size``: the protocol's support size)."""
         return _parse_step(await self.redis.hgetall(count_key(campaign, attribute, t)), size)
+
+    async def read_steps(self, campaign: str, attribute: str, ts: list[int], size: int) -> list[StepState]:
+        """:meth:`read_step` of each step of ``ts`` in one round trip (one connection, however many steps)."""
+        pipe = self.redis.pipeline(transaction=False)
+        for t in ts:
+            pipe.hgetall(count_key(campaign, attribute, t))
+        return [_parse_step(raw, size) for raw in await pipe.execute()] if ts else []
 
     async def steps_from(self, campaign: str, attribute: str, t: int) -> list[int]:
         """The steps ``>= t``, ascending."""
@@ -336,6 +727,79 @@ class CountStore:
         raw = await self.latest_estimate_json(campaign, attribute)
         return json.loads(raw) if raw else None
 
+    # ------------------------------------------------------------------ late data and retention
+    async def mark_touched(self, campaign: str, attribute: str, t: int) -> None:
+        """Mark step ``t`` touched, as :meth:`apply_batch` does for every applied batch: the estimator then
+        re-reads the step and revises its final if it has one (late data)."""
+        await self.redis.zincrby(touched_key(campaign, attribute), 1, str(t))
+
+    async def touched(self, campaign: str, attribute: str, limit: int) -> dict[int, float]:
+        """At most ``limit`` marked steps, ``t -> mark`` (pass them to :meth:`clear_touched` once handled)."""
+        raw = await self.redis.zrange(touched_key(campaign, attribute), 0, limit - 1, withscores=True)
+        return {int(t): float(score) for t, score in raw}
+
+    async def clear_touched(self, campaign: str, attribute: str, marks: Mapping[int, float]) -> int:
+        """Remove the marks read by :meth:`touched` that no batch incremented since; returns how many."""
+        if not marks:
+            return 0
+        args: list[str] = []
+        for t, score in marks.items():
+            args += [str(t), repr(float(score))]
+        return int(await self._clear_touched(keys=[touched_key(campaign, attribute)], args=args))
+
+    async def retention_floor(self, campaign: str, attribute: str) -> int:
+        """The attribute's retention floor: steps ``t`` below it are expired (0 before any pruning)."""
+        raw = await self.redis.get(floor_key(campaign, attribute))
+        return int(raw) if raw is not None else 0
+
+    async def expired(self, campaign: str, attribute: str, t: int) -> bool:
+        """Whether step ``t`` is beyond retention: its batches must not be counted (the agent's "expired")."""
+        return t < await self.retention_floor(campaign, attribute)
+
+    async def raise_retention_floor(self, campaign: str, attribute: str, floor: int) -> int:
+        """Raise the retention floor to ``floor`` (never lower it); returns the floor now in force."""
+        return int(await self._raise_floor(keys=[floor_key(campaign, attribute)], args=[int(floor)]))
+
+    async def steps_before(self, campaign: str, attribute: str, t: int, limit: int) -> list[int]:
+        """At most ``limit`` steps ``< t`` of the step index, ascending."""
+        return [int(x) for x in await self.redis.zrangebyscore(steps_key(campaign, attribute), "-inf", f"({t}",
+                                                               start=0, num=limit)]
+
+    async def prune_steps(self, campaign: str, attribute: str, ts: list[int]) -> tuple[int, int]:
+        """Delete every trace of the steps ``ts`` that are below the floor (others are left alone): count hash,
+        step index, history, finals index, watermark time, touched mark. Returns how many left the step index
+        and :meth:`pruned_steps` after it."""
+        keys = [floor_key(campaign, attribute), steps_key(campaign, attribute), estimates_key(campaign, attribute),
+                finals_key(campaign, attribute), closed_ts_key(campaign, attribute), touched_key(campaign, attribute),
+                pruned_key(campaign, attribute)]
+        keys += [count_key(campaign, attribute, t) for t in ts]
+        removed, count = await self._prune(keys=keys, args=[str(t) for t in ts])
+        return int(removed), int(count)
+
+    async def pruned_steps(self, campaign: str, attribute: str) -> int:
+        """How many steps were pruned from the attribute's step index (all below the retention floor)."""
+        return int(await self.redis.hget(pruned_key(campaign, attribute), "count") or 0)
+
+    async def record_final(self, campaign: str, attribute: str, t: int, doc: dict[str, Any]) -> None:
+        """Record (or replace, for a revision) the final estimate of step ``t``: history and finals index."""
+        await self._record_final(keys=[estimates_key(campaign, attribute), finals_key(campaign, attribute)],
+                                 args=[str(t), json.dumps(doc), f"{int(doc['n'])}:{int(doc['revision'])}"])
+
+    async def final_index(self, campaign: str, attribute: str) -> dict[int, tuple[int, int]]:
+        """``t -> (n, revision)`` of the published finals (the finals index)."""
+        raw = await self.redis.hgetall(finals_key(campaign, attribute))
+        out: dict[int, tuple[int, int]] = {}
+        for t, value in raw.items():
+            n, _, revision = (value.decode() if isinstance(value, bytes) else value).partition(":")
+            out[int(t)] = (int(n), int(revision or 0))
+        return out
+
+    async def index_finals(self, campaign: str, attribute: str, finals: Mapping[int, tuple[int, int]]) -> None:
+        """Add ``t -> (n, revision)`` entries to the finals index (finals recorded before the index existed)."""
+        if finals:
+            await self.redis.hset(finals_key(campaign, attribute),
+                                  mapping={str(t): f"{n}:{rev}" for t, (n, rev) in finals.items()})
+
     # ------------------------------------------------------------------ the estimator lease
     async def claim_lease(self, app_id: str, holder: str, ttl_seconds: float) -> bool:
         """Take the estimator lease of ``app_id`` if free, or renew it if ``holder`` has it."""
@@ -346,7 +810,39 @@ class CountStore:
         await self._release_lease(keys=[lease_key(app_id)], args=[holder])
 
     async def subscribe_wakeups(self, app_id: str) -> WakeUps:
-        """Subscribe to the wake-ups that :meth:`wake_estimator` sends."""
+        """Subscribe to the wake-ups that :meth:`wake_estimator` sends.
+
+        On a cluster the subscription lives on the master of the channel's slot (PUBLISH reaches every
+        node); the cluster client needs its slot map first to pick that node."""
+        if isinstance(self.redis, aioredis.RedisCluster):
+            await self.redis.initialize()  # idempotent; a fresh client has no slot map yet
         pubsub = self.redis.pubsub()
         await pubsub.subscribe(wake_channel(app_id))
         return WakeUps(pubsub)
+
+    # ------------------------------------------------------------------ the ingest (stream_app.ingest)
+    async def claim_ingest_keys(self, claims: Sequence[IngestClaim]) -> list[bytes | None]:
+        """Claim rate-limit slots and idempotency records (:func:`rate_slot_key`, :func:`request_key`) in one
+        round trip: ``SET key value NX EX ttl`` then ``GET key`` for each; returns what each key holds
+        afterwards (``value`` where the claim won, else the holder's value; ``None`` if it expired between).
+        Each key is claimed on its own (no multi-key script): the keys of one request spread over a cluster."""
+        if not claims:
+            return []
+        pipe = self.redis.pipeline(transaction=False)
+        for c in claims:
+            pipe.set(c.key, c.value, nx=True, ex=max(1, int(c.ttl)))
+            pipe.get(c.key)
+        out = await pipe.execute()
+        return [bytes(v) if v is not None else None for v in out[1::2]]
+
+    async def settle_ingest_keys(self, records: Sequence[IngestClaim], forget: Sequence[str]) -> None:
+        """Write idempotency records (``SET key value EX ttl``) and delete the keys ``forget`` (slots and pending
+        records of requests that were not published), in one round trip."""
+        if not records and not forget:
+            return
+        pipe = self.redis.pipeline(transaction=False)
+        for r in records:
+            pipe.set(r.key, r.value, ex=max(1, int(r.ttl)))
+        for key in forget:
+            pipe.delete(key)
+        await pipe.execute()

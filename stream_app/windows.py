@@ -23,9 +23,39 @@ When a step is final
       past) this reduces to ``lateness_seconds`` of silence, and a fleet should send watermarks.
 
     A final estimate is published once on ``ldp.estimates`` and stored in the Redis history
-    (``store.save_estimate``). Reports that arrive after it (late data, still counted: Redis
-    counts are never refused) produce a *revised* final estimate (``revision`` + 1) for the
-    ``recheck_steps`` most recent final steps of each attribute.
+    (``store.record_final``). A step that is due with ``n == 0`` (a watermark without reports, or
+    a step in the index whose counts are gone) gets no final: it is *settled* silently, and its
+    first batch after that publishes its first final (trigger ``"late"``).
+
+Late data
+    Reports counted after a step's final (the agent counts every batch of a step within
+    retention) produce a *revised* final, ``revision`` + 1, trigger ``"late"``, within a tick,
+    for any final step within retention: the agent marks each applied batch's step in the
+    attribute's *touched* set (``store.mark_touched``), and every tick the estimator reads the
+    marks, compares the ``n`` of each marked final step with its final's, and removes the marks
+    it handled (a mark incremented meanwhile stays for the next tick, so a leader that dies
+    mid-tick loses none). A mark lost anyway (a worker killed between counting a batch and
+    marking it) is caught by the *audit*: every tick also re-reads the ``n`` of ``audit_steps``
+    final steps, round robin over all the retained ones.
+
+    A revision is published only if ``n`` grew. If the store's ``n`` of a final step is *below*
+    the final's (Redis lost data), nothing is published: the step gets an alarm in
+    :attr:`Estimator.alarms` (for ``GET /status``), an error in the log and
+    ``ldp_count_regressions_total`` once per step, and revisions resume only when ``n`` exceeds
+    the published final again (a replay restored the counts, then late data came). So no final
+    is ever published with ``n == 0`` or with an ``n`` below an earlier final's of the step.
+
+Retention (``Campaign.retention_steps``, R)
+    Each tick the leader sets the attribute's floor to ``min(F, first open step)``, ``F`` the R-th
+    newest final (or settled) step, once there are R: the R most recent final steps are kept, the
+    floor never passes a step without a final and never goes down. It counts final steps, not step
+    numbers, so a gap in the steps, a wall-clock step next to logical ones (0, 1, 2, ...) or a
+    device's far-future ``t`` deletes nothing early. The floor is kept in Redis
+    (``store.raise_retention_floor``) so every worker can refuse batches for expired steps; the
+    leader prunes at most ``prune_batch`` steps below it (``store.prune_steps``: count hash,
+    index, history, finals index, watermark time, touched mark). Steps below the floor are never
+    published, even if a batch recreated one (a worker that counted it before seeing the floor):
+    the pruner deletes it again.
 
 Open steps get a non-final estimate on every tick in which their ``n`` changed. The loop ticks
 every ``refresh_seconds`` and at once when a worker applied a watermark (Redis pub/sub wake-up
@@ -34,9 +64,9 @@ channel), so a final estimate follows its watermark within milliseconds on the l
 Privacy figures "so far" (server side)
     The server cannot see a device's memo, only how many time steps an attribute has had. A device
     sends at most one report per attribute and step, so after ``S`` steps (the number of steps
-    ``<= t`` in the attribute's step index) it memoized at most ``min(S, memo_size)`` distinct
-    values: ``eps_longitudinal_worst = proto.longitudinal_loss(S)`` (``min(S, memo_size) * eps_inf``
-    for L-* protocols, ``min(S, d+1, b) * eps_inf`` for dBitFlipPM, ``eps_1`` then ``inf`` for
+    ``<= t`` in the attribute's step index, plus the steps pruned below the retention floor) it
+    memoized at most ``min(S, memo_size)`` distinct values:
+    ``eps_longitudinal_worst = proto.longitudinal_loss(S)`` (``min(S, memo_size) * eps_inf`` for L-* protocols, ``min(S, d+1, b) * eps_inf`` for dBitFlipPM, ``eps_1`` then ``inf`` for
     single-shot protocols). ``eps_longitudinal_bound`` is the protocol's bound over an unbounded
     stream (``proto.worst_case_loss``). Infinite values are ``null`` in JSON and ``+Inf`` in Prometheus.
 """
@@ -51,6 +81,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
+from estimators.poisoning import detection_score, detection_threshold
 from wire.campaign import Attribute, Campaign
 
 from .metrics import Metrics
@@ -58,12 +89,23 @@ from .store import CountStore, StepState, WakeUps
 
 __all__ = ["Estimator", "build_estimate", "due_at"]
 
+#: ``revision`` of a settled step: due with ``n == 0``, no final published (see the module doc).
+SETTLED = -1
+
 log = logging.getLogger(__name__)
 Publish = Callable[[dict[str, Any]], Awaitable[None]]
 
 
 def _finite(x: float) -> float | None:
     return float(x) if math.isfinite(x) else None
+
+
+def _finite_or_none(x: float | None) -> float | None:
+    return None if x is None else _finite(x)
+
+
+#: |z| of ``poisoning_score`` above which a step is flagged (two-sided, 1e-6 of honest steps)
+POISONING_THRESHOLD = detection_threshold()
 
 
 def due_at(campaign: Campaign, t: int, state: StepState) -> float:
@@ -96,6 +138,10 @@ def build_estimate(campaign: Campaign, attr: Attribute, t: int, state: StepState
         "eps_longitudinal_worst": _finite(float(proto.longitudinal_loss(max(int(steps_so_far), 1)))),
         "eps_longitudinal_bound": _finite(float(proto.worst_case_loss)),
         "steps_so_far": int(steps_so_far),
+        # per-step poisoning statistic from the counts alone (estimators.poisoning.detection_score; null where
+        # it has no exact law): z of the total support, |z| > poisoning_threshold flags the step
+        "poisoning_score": _finite_or_none(detection_score(proto, state["counts"], n) if n > 0 else None),
+        "poisoning_threshold": POISONING_THRESHOLD,
         "labels": list(attr.labels) if attr.labels else None,
         "first_ts": state.get("first_ts"), "last_ts": state.get("last_ts"), "closed_ts": closed_ts,
         "updated_at": now,
@@ -106,23 +152,32 @@ def build_estimate(campaign: Campaign, attr: Attribute, t: int, state: StepState
 
 @dataclass
 class _AttrState:
-    finalized: dict[int, tuple[int, int]] = field(default_factory=dict)  # t -> (n at final, revision)
+    finalized: dict[int, tuple[int, int]] = field(default_factory=dict)  # t -> (n at final, revision or SETTLED)
+    order: list[int] = field(default_factory=list)  # the keys of `finalized`, ascending
     published: dict[int, tuple[int, bool]] = field(default_factory=dict)  # open t -> (n, closed) last sent
     low: int = 0  # every step below is final
     below: int = -1  # number of steps below `low` when it was last set (-1: unknown)
-    recent: list[int] = field(default_factory=list)  # the most recent final steps (late-data rechecks)
     latest_t: int = -1
+    floor: int = 0  # the retention floor: steps below are expired (mirrors store.retention_floor)
+    pruned: int = 0  # steps pruned from the step index (mirrors store.pruned_steps)
+    audit_next: int = 0  # the audit resumes at the first final step >= this
 
 
 class Estimator:
-    """Periodic estimator over all campaigns; run :meth:`run` as a task, or call :meth:`tick`."""
+    """Periodic estimator over all campaigns; run :meth:`run` as a task, or call :meth:`tick`.
+
+    Per attribute and tick: at most ``touched_batch`` touched marks are read, ``audit_steps`` final
+    steps re-read and ``prune_batch`` steps pruned (module doc)."""
 
     def __init__(self, campaigns: dict[str, Campaign], store: CountStore, metrics: Metrics, publish: Publish, *,
                  app_id: str, worker_id: str | None = None, refresh_seconds: float = 1.0,
-                 lease_ttl: float | None = None, recheck_steps: int = 16, min_tick_interval: float = 0.02,
-                 rescan_ticks: int = 300) -> None:
+                 lease_ttl: float | None = None, min_tick_interval: float = 0.02, rescan_ticks: int = 300,
+                 touched_batch: int = 4096, audit_steps: int = 64, prune_batch: int = 256,
+                 max_alarms: int = 1000) -> None:
         if refresh_seconds <= 0:
             raise ValueError("refresh_seconds must be positive")
+        if touched_batch < 1 or prune_batch < 1 or audit_steps < 0 or max_alarms < 1:
+            raise ValueError("touched_batch, prune_batch and max_alarms must be >= 1 and audit_steps >= 0")
         self.campaigns = campaigns
         self.store = store
         self.metrics = metrics
@@ -131,11 +186,18 @@ class Estimator:
         self.worker_id = worker_id or f"{uuid.uuid4().hex[:12]}"
         self.refresh_seconds = refresh_seconds
         self.lease_ttl = lease_ttl if lease_ttl is not None else max(2.0, 3.0 * refresh_seconds)
-        self.recheck_steps = recheck_steps
         self.min_tick_interval = min_tick_interval
         self.rescan_ticks = rescan_ticks
+        self.touched_batch = touched_batch  # marks read per attribute and tick
+        self.audit_steps = audit_steps  # final steps whose n is re-read per attribute and tick
+        self.prune_batch = prune_batch  # steps pruned per attribute and tick at most
+        self.max_alarms = max_alarms
         self.is_leader = False
         self.ticks = 0
+        #: Problems for ``GET /status``: name -> {component, since, error, ...}; a count regression is
+        #: ``"count_regression:<campaign>/<attribute>/<t>"`` with campaign, attribute, t, final_n, store_n,
+        #: revision and, once the store's n is back at the final's, recovered_at.
+        self.alarms: dict[str, dict[str, Any]] = {}
         self._state: dict[tuple[str, str], _AttrState] = {}
         self._stopping = asyncio.Event()
 
@@ -167,24 +229,33 @@ class Estimator:
 
     async def _load_state(self) -> None:
         self._state = {}
+        store = self.store
         for c in self.campaigns.values():
             for a in c.attributes.values():
                 st = _AttrState()
-                done = await self.store.final_steps(c.id, a.name)
-                st.recent = done[-self.recheck_steps:]
-                st.finalized = dict.fromkeys(done, (-1, 0))  # (n, revision) matter for `recent` only
-                for t, doc in zip(st.recent, await self.store.final_estimates(c.id, a.name, st.recent)):
-                    doc = doc or {}
-                    st.finalized[t] = (int(doc.get("n", 0)), int(doc.get("revision", 0)))
-                latest = await self.store.latest_estimate(c.id, a.name)
+                st.floor = await store.retention_floor(c.id, a.name)
+                st.pruned = await store.pruned_steps(c.id, a.name)
+                finals = await store.final_index(c.id, a.name)
+                missing = [t for t in await store.final_steps(c.id, a.name) if t not in finals]
+                for i in range(0, len(missing), 512):  # a history recorded before the finals index existed
+                    chunk = missing[i:i + 512]
+                    found = {t: (int(doc["n"]), int(doc.get("revision", 0)))
+                             for t, doc in zip(chunk, await store.final_estimates(c.id, a.name, chunk)) if doc}
+                    await store.index_finals(c.id, a.name, found)
+                    finals.update(found)
+                st.finalized = finals  # those below the floor too: _retain prunes what is left of them
+                st.order = sorted(st.finalized)
+                latest = await store.latest_estimate(c.id, a.name)
                 if latest:
                     st.latest_t = int(latest.get("t", -1))
                 self._state[(c.id, a.name)] = st
+                self.metrics.retention_floor.labels(c.id, a.name).set(st.floor)
 
     def _drop_state(self) -> None:
         self._state = {}
         for g in (self.metrics.estimated_frequency, self.metrics.step_reports, self.metrics.latest_step,
-                  self.metrics.eps_first, self.metrics.eps_inf, self.metrics.eps_longitudinal_worst):
+                  self.metrics.eps_first, self.metrics.eps_inf, self.metrics.eps_longitudinal_worst,
+                  self.metrics.retention_floor, self.metrics.poisoning_score):
             g.clear()
 
     # ------------------------------------------------------------------ loop
@@ -269,57 +340,145 @@ class Estimator:
                 done = set(await store.final_steps(c.id, a.name))
                 cand.update(t for t in unknown if t not in done)
             st.below = below
+        seen = cand
+        cand = {t for t in seen if t >= st.floor}  # below the floor: expired, never published (pruned below)
         open_ts = [t for t in cand if t not in st.finalized]
-        late: list[int] = []
-        if st.recent:
-            counted = await store.reports_counted(c.id, a.name, st.recent)
-            late = [t for t, n in zip(st.recent, counted) if n != st.finalized[t][0]]
+        marks = await store.touched(c.id, a.name, self.touched_batch)
+        late = await self._late_steps(c, a, st, marks)
         todo = sorted(set(open_ts) | set(late))
         docs: list[dict[str, Any]] = []
         if todo:
-            states = await asyncio.gather(*(store.read_step(c.id, a.name, t, size) for t in todo))
+            states = await store.read_steps(c.id, a.name, todo, size)  # one pipeline: no connection per step
             closed = await store.closed_times(c.id, a.name, todo)
             t_now = time.time() if now is None else now
             for t, s, cts in zip(todo, states, closed):
                 if t in st.finalized:  # late data after a final estimate: publish a revision
-                    final, trigger, revision = True, "late", st.finalized[t][1] + 1
-                elif s["closed"]:
-                    final, trigger, revision = True, "watermark", 0
-                elif t_now >= due_at(c, t, s):
-                    final, trigger, revision = True, "lateness", 0
+                    final_n, revision = st.finalized[t]
+                    if s["n"] <= final_n:  # not grown after all (read again since the check)
+                        continue
+                    final, trigger, revision = True, "late", revision + 1
+                elif s["closed"] or t_now >= due_at(c, t, s):
+                    if s["n"] == 0:  # never a final with n == 0
+                        log.info("step %s of %s/%s is due with no report counted: no final estimate", t, c.id,
+                                 a.name)
+                        self._set_final(st, t, 0, SETTLED)
+                        continue
+                    final, trigger, revision = True, "watermark" if s["closed"] else "lateness", 0
                 else:
                     final, trigger, revision = False, None, 0
                     if st.published.get(t) == (s["n"], s["closed"]):
                         continue
-                steps_so_far = await store.count_steps_through(c.id, a.name, t)
+                steps_so_far = st.pruned + await store.count_steps_through(c.id, a.name, t)
                 doc = build_estimate(c, a, t, s, steps_so_far, final=final, trigger=trigger,
                                      now=time.time() if now is None else now, closed_ts=cts,
                                      revision=revision, worker=self.worker_id)
                 await self._emit(c, a, st, doc)
                 docs.append(doc)
+        await store.clear_touched(c.id, a.name, marks)  # after the revisions were recorded
         # every step below the first open one is final: the next scan starts there
         rest = [t for t in cand if t not in st.finalized]
         low = min(rest) if rest else (max(cand) + 1 if cand else st.low)
         if low != st.low:
             # count only what this tick saw (all final): a step that appeared below the new `low`
             # meanwhile makes next tick's count differ and is rescanned, never skipped
-            st.below += sum(1 for t in cand if st.low <= t < low)
+            st.below += sum(1 for t in seen if st.low <= t < low)
             st.low = low
-        if len(st.finalized) > 100_000:  # bounded memory; the Redis history stays authoritative
-            for t in sorted(st.finalized)[:-50_000]:
-                del st.finalized[t]
+        await self._retain(c, a, st)
         return docs
+
+    async def _late_steps(self, c: Campaign, a: Attribute, st: _AttrState, marks: dict[int, float]) -> list[int]:
+        """The final steps whose ``n`` grew past their final's: the touched ones and this tick's audit slice.
+
+        A step whose ``n`` fell below its final's raises a count-regression alarm instead (module doc)."""
+        check = {t for t in marks if t >= st.floor and t in st.finalized}
+        check.update(self._audit_slice(st))
+        if not check:
+            return []
+        ts = sorted(check)
+        late: list[int] = []
+        for t, n in zip(ts, await self.store.reports_counted(c.id, a.name, ts)):
+            final_n, revision = st.finalized[t]
+            if n < final_n:
+                self._count_regression(c, a, t, final_n, n, revision)
+                continue
+            alarm = self.alarms.get(_regression_name(c, a, t))
+            if alarm is not None and "recovered_at" not in alarm:
+                alarm["recovered_at"], alarm["store_n"] = time.time(), n
+                log.warning("%s/%s step %s: the store's n is back at %s (the final's: %s)", c.id, a.name, t, n,
+                            final_n)
+            if n > final_n:
+                late.append(t)
+        return late
+
+    def _audit_slice(self, st: _AttrState) -> list[int]:
+        """The next ``audit_steps`` final steps within retention, round robin (all of them, if fewer)."""
+        order = st.order
+        if not order or self.audit_steps == 0:
+            return []
+        first = bisect.bisect_left(order, st.floor)
+        i = max(first, bisect.bisect_left(order, st.audit_next))
+        out = order[i:i + self.audit_steps]
+        if len(out) < self.audit_steps:  # wrap around, up to where this slice began
+            out += order[first:min(i, first + self.audit_steps - len(out))]
+        st.audit_next = out[-1] + 1 if out else 0
+        return out
+
+    def _count_regression(self, c: Campaign, a: Attribute, t: int, final_n: int, n: int, revision: int) -> None:
+        """The store's ``n`` of a final step is below the final's: alarm, log and count it once per step."""
+        name = _regression_name(c, a, t)
+        alarm = self.alarms.get(name)
+        if alarm is not None:
+            alarm["store_n"] = n
+            alarm.pop("recovered_at", None)
+            return
+        self.alarms[name] = {
+            "component": "estimator", "since": time.time(),
+            "error": (f"{c.id}/{a.name} step {t}: Redis counts n={n} reports, below the {final_n} of its published "
+                      f"final (revision {revision}): Redis lost data; no revision is published while n is lower"),
+            "campaign": c.id, "attribute": a.name, "t": t, "final_n": final_n, "store_n": n, "revision": revision}
+        while len(self.alarms) > self.max_alarms:
+            del self.alarms[next(iter(self.alarms))]
+        self.metrics.count_regressions.labels(c.id, a.name).inc()
+        log.error("count regression: %s", self.alarms[name]["error"])
+
+    async def _retain(self, c: Campaign, a: Attribute, st: _AttrState) -> None:
+        """Raise the retention floor and prune a bounded batch of steps below it (module doc)."""
+        keep = c.retention_steps
+        target = st.floor
+        if len(st.order) >= keep:
+            target = max(target, min(st.order[-keep], st.low))
+        if target <= 0:
+            return
+        # every tick, not only when it moves: a Redis that lost the key gets it back at once
+        st.floor = await self.store.raise_retention_floor(c.id, a.name, target)
+        self.metrics.retention_floor.labels(c.id, a.name).set(st.floor)
+        ts = set(await self.store.steps_before(c.id, a.name, st.floor, self.prune_batch))
+        ts.update(st.order[:min(self.prune_batch, bisect.bisect_left(st.order, st.floor))])
+        batch = sorted(ts)[:self.prune_batch]
+        if not batch:
+            return
+        removed, st.pruned = await self.store.prune_steps(c.id, a.name, batch)
+        if st.below >= 0:
+            st.below -= removed  # all were below `low` (the floor never passes it)
+        for t in batch:
+            st.finalized.pop(t, None)
+            st.published.pop(t, None)
+        del st.order[:bisect.bisect_right(st.order, batch[-1])]
+        self.metrics.steps_pruned.labels(c.id, a.name).inc(len(batch))
+        log.debug("pruned %d steps of %s/%s below the retention floor %d", len(batch), c.id, a.name, st.floor)
+
+    def _set_final(self, st: _AttrState, t: int, n: int, revision: int) -> None:
+        if t not in st.finalized:
+            bisect.insort(st.order, t)
+        st.finalized[t] = (n, revision)
+        st.published.pop(t, None)
 
     async def _emit(self, c: Campaign, a: Attribute, st: _AttrState, doc: dict[str, Any]) -> None:
         t = doc["t"]
         await self.publish(doc)
         if doc["final"]:
-            await self.store.save_estimate(c.id, a.name, t, doc)
-            st.finalized[t] = (doc["n"], doc["revision"])
-            st.published.pop(t, None)
-            if t not in st.recent:
-                bisect.insort(st.recent, t)
-                del st.recent[:-self.recheck_steps]
+            await self.store.record_final(c.id, a.name, t, doc)
+            self._set_final(st, t, doc["n"], doc["revision"])
             if doc["latency_seconds"] is not None and doc["revision"] == 0:
                 self.metrics.estimate_latency.labels(doc["trigger"]).observe(doc["latency_seconds"])
         else:
@@ -340,7 +499,13 @@ class Estimator:
         m.eps_inf.labels(*lab).set(doc["eps_inf"] if doc["eps_inf"] is not None else inf)
         worst = doc["eps_longitudinal_worst"]
         m.eps_longitudinal_worst.labels(*lab).set(worst if worst is not None else inf)
+        if doc.get("poisoning_score") is not None:
+            m.poisoning_score.labels(*lab).set(doc["poisoning_score"])
         freq = doc["frequencies"]
         if freq is not None:
             for j, f in enumerate(freq):
                 m.estimated_frequency.labels(c.id, a.name, a.label(j) if a.labels else str(j)).set(f)
+
+
+def _regression_name(c: Campaign, a: Attribute, t: int) -> str:
+    return f"count_regression:{c.id}/{a.name}/{t}"

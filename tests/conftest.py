@@ -16,8 +16,8 @@ def local_stack(tmp_path_factory):
 
     Yields the started ``devtools.stack.LocalStack``; ``local_stack.info`` has
     ``kafka_bootstrap`` ("127.0.0.1:PORT") and ``redis_url`` ("redis://127.0.0.1:PORT/0").
-    The broker uses memory storage, so topics/groups live only as long as the session: tests
-    should use their own topic and group names.
+    The broker keeps its topics in the stack's run dir (durable storage, the default), which lives only
+    as long as the session: tests should use their own topic and group names.
     """
     from devtools.stack import LocalStack
 

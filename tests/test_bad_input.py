@@ -25,7 +25,7 @@ def _batch(campaign: Campaign, t: int, n: int, seed: int) -> tuple[bytes, np.nda
     proto = campaign.attribute(ATTR).protocol
     rng = np.random.default_rng(seed)
     reports = proto.randomize(rng.integers(0, proto.k, n), rng, state=proto.new_state(n, rng=rng))
-    return E.pack_reports(campaign, ATTR, t, reports), proto.support(reports)
+    return E.pack_reports(campaign, ATTR, t, reports, batch_id=f"bad-input:{t}:{seed}"), proto.support(reports)
 
 
 def _bad_messages(campaign: Campaign) -> dict[str, bytes]:
@@ -37,14 +37,16 @@ def _bad_messages(campaign: Campaign) -> dict[str, bytes]:
     out_of_domain = bytearray(payload)
     out_of_domain[-1] |= 0xF0  # set bits beyond k = 100 in the last report
     oversized = E.pack(campaign.id, ATTR, proto.name, proto.fingerprint, 0, campaign.max_batch_reports + 1,
-                       b"")
+                       b"", batch_id="bad:oversized")
     return {
         "truncated": good[:-7],
         "wrong_fingerprint": E.pack(campaign.id, ATTR, proto.name, "0123456789abcdef", 0, 1000, payload),
         "unknown_campaign": E.pack("no-such-campaign", ATTR, proto.name, proto.fingerprint, 0, 1000, payload),
-        "bad_payload": E.pack(campaign.id, ATTR, proto.name, proto.fingerprint, 0, 1000, bytes(out_of_domain)),
+        "bad_payload": E.pack(campaign.id, ATTR, proto.name, proto.fingerprint, 0, 1000, bytes(out_of_domain),
+                              batch_id="bad:payload"),
         "malformed": bytes(np.random.default_rng(7).integers(0, 256, 3000, dtype=np.uint8)),
         "oversized": oversized,
+        "missing_batch_id": E.pack(campaign.id, ATTR, proto.name, proto.fingerprint, 0, 1000, payload),
     }
 
 

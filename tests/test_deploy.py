@@ -247,9 +247,9 @@ def test_worker_and_producer_commands(services: dict[str, dict[str, Any]]) -> No
         assert svc["build"]["dockerfile"] == "deploy/Dockerfile" and (ROOT / svc["build"]["context"]).is_dir()
     producer = _options(_command(services["producer"]))
     assert int(producer["--devices"]) >= 100_000 and int(producer["--steps"]) >= 1 and float(producer["--rate"]) > 0
-    # the healthcheck polls the port the worker serves
+    # the healthcheck polls the health endpoint on the port the worker serves
     health = " ".join(services["worker"]["healthcheck"]["test"])
-    assert f":{worker['--web-port']}/metrics" in health, health
+    assert f":{worker['--web-port']}/health" in health, health
 
 
 def test_compose_commands_match_the_cli(services: dict[str, dict[str, Any]]) -> None:

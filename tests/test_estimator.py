@@ -31,8 +31,8 @@ def test_a_step_that_appears_below_the_scan_start_is_finalized_at_once(local_sta
         counts = np.array([5, 1, 0, 2])
         offset = 0
         for t in (2, 3):
-            await store.apply_batch(cid, "a", t, 0, offset, counts, 8)
-            await store.apply_watermark(cid, "a", t, 0, offset + 1)
+            await store.apply_batch(cid, "a", t, counts, 8, f"b:{t}:{offset}")
+            await store.apply_watermark(cid, "a", t)
             offset += 2
         # step 1 gets its batch and watermark while a tick is between reading its candidate
         # steps and moving its scan start past 3 (the interleaving that used to lose it)
@@ -43,8 +43,8 @@ def test_a_step_that_appears_below_the_scan_start_is_finalized_at_once(local_sta
             out = await original(*args, **kwargs)
             if armed[0]:
                 armed[0] = False
-                await store.apply_batch(cid, "a", 1, 1, 0, counts, 8)
-                await store.apply_watermark(cid, "a", 1, 1, 1)
+                await store.apply_batch(cid, "a", 1, counts, 8, "b:1:racing")
+                await store.apply_watermark(cid, "a", 1)
             return out
 
         est.redis.zrangebyscore = racing_zrangebyscore

@@ -51,6 +51,14 @@ def test_ue_kernel_matches_reference(memo: bool, k: int) -> None:
     np.testing.assert_array_equal(kernels.packed_bit_counts(a, k), reference.packed_bit_counts(a, k))
 
 
+@pytest.mark.parametrize("n", [0, 1, 7, 4096, 4097, 100_003])
+@pytest.mark.parametrize("k", [2, 9, 200])
+def test_packed_bit_counts_match_the_reference_on_every_block_shape(n: int, k: int) -> None:
+    """The byte-histogram kernel against the plain numpy twin: empty, tiny, block-boundary and uneven sizes."""
+    bits = np.packbits(np.random.default_rng(n + k).random((n, k)) < 0.3, axis=1, bitorder="little")
+    np.testing.assert_array_equal(kernels.packed_bit_counts(bits, k), reference.packed_bit_counts(bits, k))
+
+
 # ---------------------------------------------------------------- solvers and privacy figures
 def test_losue_p2_matches_seed_eq15() -> None:
     ei, e1 = 2.0, 0.8

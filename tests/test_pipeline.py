@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -35,25 +36,36 @@ def _expected(summary) -> dict[tuple[str, int], tuple[np.ndarray, int]]:
     return {key: (v["support"], v["n"]) for key, v in summary.per_step.items()}
 
 
-def _worker(stack, app_id: str, run_dir: Path, campaign: Path, name: str = "worker") -> WorkerProcess:
-    return WorkerProcess([campaign], stack.info.kafka_bootstrap, stack.info.redis_url, app_id=app_id,
+def _worker(kafka_bootstrap: str, redis_url: str, app_id: str, run_dir: Path, campaign: Path,
+            name: str = "worker") -> WorkerProcess:
+    return WorkerProcess([campaign], kafka_bootstrap, redis_url, app_id=app_id,
                          topic_prefix=f"{app_id}.", partitions=4, refresh_seconds=0.2, session_timeout=3.0,
                          run_dir=run_dir, name=name)
 
 
 def test_end_to_end_counts_and_estimates(local_stack, tmp_path) -> None:
+    run_end_to_end(local_stack.info.kafka_bootstrap, local_stack.info.redis_url, tmp_path)
+
+
+def run_end_to_end(kafka_bootstrap: str, redis_url: str, run_dir: Path, workers: int = 1) -> tuple[Campaign, Any]:
+    """The end-to-end run on a broker and a Redis (one node, or a cluster URL): ``workers`` workers of one
+    consumer group count the fleet; the counts must equal the offline support exactly and every step gets
+    a final estimate. Returns the campaign (a fresh id) and the fleet's summary."""
     app_id = f"e2e-{uuid.uuid4().hex[:6]}"
-    path = unique_campaign_file(CAMPAIGN, tmp_path)
+    path = unique_campaign_file(CAMPAIGN, run_dir)
     campaign = Campaign.load(path)
-    with _worker(local_stack, app_id, tmp_path, path) as w:
-        summary = asyncio.run(publish(_fleet(path), local_stack.info.kafka_bootstrap,
+    ws = [_worker(kafka_bootstrap, redis_url, app_id, run_dir, path, name=f"w{i}").start() for i in range(workers)]
+    try:
+        for w in ws:
+            w.wait_ready(timeout=90)
+        summary = asyncio.run(publish(_fleet(path), kafka_bootstrap,
                                       topic=Topics.with_prefix(f"{app_id}.").reports, partitions=4))
         assert summary.reports_sent == DEVICES * STEPS * 2
-        wait_for_counts(local_stack.info.redis_url, campaign.id, _expected(summary), timeout=90)
+        wait_for_counts(redis_url, campaign.id, _expected(summary), timeout=90)
         for attr in campaign.attributes:
             proto = campaign.attribute(attr).protocol
-            hist = wait_until(lambda: estimate_history(w, campaign.id, attr), lambda h: len(final_estimates(h)) == STEPS,
-                              30.0, "every final", _finals_summary)
+            hist = wait_until(lambda: estimate_history(ws[-1], campaign.id, attr),
+                              lambda h: len(final_estimates(h)) == STEPS, 30.0, "every final", _finals_summary)
             for t, doc in final_estimates(hist).items():
                 truth = summary.per_step[(attr, t)]["true_frequencies"]
                 assert doc["n"] == DEVICES and doc["final"]
@@ -63,6 +75,10 @@ def test_end_to_end_counts_and_estimates(local_stack, tmp_path) -> None:
                 assert z.max() < 4, f"{attr} t={t}: an estimate is {z.max():.2f} sd from the truth"
                 # and it is the estimator applied to exactly the offline counts
                 np.testing.assert_allclose(est, proto.estimate(summary.per_step[(attr, t)]["support"], DEVICES))
+    finally:
+        for w in ws:
+            w.stop()
+    return campaign, summary
 
 
 def _finals_summary(last) -> str:
@@ -74,7 +90,8 @@ def test_exactly_once_after_sigkill(local_stack, tmp_path, workers: int) -> None
     """Kill a worker with SIGKILL while the stream is flowing, restart it: counts stay exact."""
     app_id = f"eo{workers}-{uuid.uuid4().hex[:6]}"
     path = unique_campaign_file(CAMPAIGN, tmp_path)
-    ws = [_worker(local_stack, app_id, tmp_path, path, name=f"w{i}").start() for i in range(workers)]
+    kafka, redis_url = local_stack.info.kafka_bootstrap, local_stack.info.redis_url
+    ws = [_worker(kafka, redis_url, app_id, tmp_path, path, name=f"w{i}").start() for i in range(workers)]
     try:
         for w in ws:
             w.wait_ready(timeout=90)
@@ -94,7 +111,7 @@ def test_exactly_once_after_sigkill(local_stack, tmp_path, workers: int) -> None
             return summary
 
         summary = asyncio.run(run())
-        restarted = _worker(local_stack, app_id, tmp_path, path, name="w0-restarted").start()
+        restarted = _worker(kafka, redis_url, app_id, tmp_path, path, name="w0-restarted").start()
         ws.append(restarted)
         restarted.wait_ready(timeout=90)
         wait_for_counts(local_stack.info.redis_url, Campaign.load(path).id, _expected(summary), timeout=120)

@@ -28,7 +28,7 @@ from wire.topics import Topics, message_key
 
 pytestmark = pytest.mark.timeout(240)
 
-DEMO = Path(__file__).resolve().parent.parent / "deploy" / "campaigns" / "demo.toml"
+DEMO = Path(__file__).resolve().parent / "data" / "fleet-health.toml"
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -140,7 +140,7 @@ def test_counts_exact_and_final_estimates(env):
     for (attr, t), (_values, reports) in fleet.items():
         key = message_key(t, attr)
         for part in np.array_split(np.arange(n_dev), 3):  # three batches per step
-            msgs.append((key, envelope.pack_reports(c, attr, t, reports[part])))
+            msgs.append((key, envelope.pack_reports(c, attr, t, reports[part], batch_id=f"w:{t}:{attr}:{part[0]}")))
         expected[(attr, t)] = (c.attributes[attr].protocol.support(reports), n_dev)
     for (attr, t) in fleet:
         msgs.append((message_key(t, attr), envelope.pack_watermark(c, attr, t)))
@@ -205,17 +205,17 @@ def test_rejected_batches_leave_counts_unchanged(env):
     proto = c.attributes[attr].protocol
     rng = np.random.default_rng(7)
     good = proto.randomize(rng.integers(0, 2, 1000), rng, state=proto.new_state(1000))
-    valid = envelope.pack_reports(c, attr, t, good)
+    valid = envelope.pack_reports(c, attr, t, good, batch_id=f"w:{t}:{attr}:valid")
     payload = proto.encode(good)
     bad_domain = np.full(10, 7, dtype=proto.report_dtype)  # L-GRR k=2: 7 is outside the output space
     bad = {
-        "wrong_fingerprint": envelope.pack(c.id, attr, proto.name, "00" * 8, t, len(good), payload),
+        "wrong_fingerprint": envelope.pack(c.id, attr, proto.name, "00" * 8, t, len(good), payload, batch_id="w:bad"),
         "unknown_campaign": envelope.pack("no-such-campaign", attr, proto.name, proto.fingerprint, t, len(good),
-                                          payload),
+                                          payload, batch_id="w:bad"),
         "garbage": b"\x00\x01garbage bytes, not an envelope",
         "truncated": valid[:-100],
-        "oversized": envelope.pack(c.id, attr, proto.name, proto.fingerprint, t, c.max_batch_reports + 1, payload),
-        "out_of_domain": envelope.pack(c.id, attr, proto.name, proto.fingerprint, t, 10, proto.encode(bad_domain)),
+        "oversized": envelope.pack(c.id, attr, proto.name, proto.fingerprint, t, c.max_batch_reports + 1, payload, batch_id="w:bad"),
+        "out_of_domain": envelope.pack(c.id, attr, proto.name, proto.fingerprint, t, 10, proto.encode(bad_domain), batch_id="w:bad"),
     }
     expected_reason = {}
     for name, blob in bad.items():  # the offline envelope code decides the reason
@@ -362,7 +362,7 @@ def test_lateness_finalization_revisions_and_lease(local_stack, tmp_path):
                 time.sleep(to_boundary + 0.1)
             t_wall = math.floor(time.time() / T)
             for t, off in ((3, 1), (t_wall, 2)):
-                await store.apply_batch(c.id, "opt_in", t, 0, off, np.array([40, 60]), 100)
+                await store.apply_batch(c.id, "opt_in", t, np.array([40, 60]), 100, f"b:{t}:{off}")
             now = time.time()
             docs = await est.tick(now=now + L - 0.5)
             assert {(d["t"], d["final"]) for d in docs} == {(3, False), (t_wall, False)}
@@ -373,7 +373,7 @@ def test_lateness_finalization_revisions_and_lease(local_stack, tmp_path):
             docs = await est.tick(now=(t_wall + 1) * T + L + 0.01)
             assert [(d["t"], d["final"], d["trigger"]) for d in docs] == [(t_wall, True, "lateness")]
             # late data after the final estimate: a revision
-            await store.apply_batch(c.id, "opt_in", 3, 1, 3, np.array([10, 0]), 10)
+            await store.apply_batch(c.id, "opt_in", 3, np.array([10, 0]), 10, "b:3:late")
             docs = await est.tick()
             assert [(d["t"], d["trigger"], d["revision"], d["n"]) for d in docs] == [(3, "late", 1, 110)]
             hist = await store.estimates(c.id, "opt_in")
@@ -381,7 +381,7 @@ def test_lateness_finalization_revisions_and_lease(local_stack, tmp_path):
             f = np.asarray(hist[3]["frequencies"])
             np.testing.assert_allclose(f, proto.estimate(np.array([50, 60]), 110))
             # a step older than every final one, reported for the first time, is still found
-            await store.apply_batch(c.id, "opt_in", 1, 0, 4, np.array([5, 5]), 10)
+            await store.apply_batch(c.id, "opt_in", 1, np.array([5, 5]), 10, "b:1:first")
             now = time.time()
             docs = await est.tick(now=now)
             assert [(d["t"], d["final"], d["n"]) for d in docs] == [(1, False, 10)]
@@ -401,8 +401,9 @@ def test_lateness_finalization_revisions_and_lease(local_stack, tmp_path):
     asyncio.run(scenario())
 
 
-def test_redelivered_offsets_are_not_counted(local_stack, tmp_path):
-    """The hot path in-process: the same partition offset twice counts once; a rejection does not count."""
+def test_redelivered_batches_are_not_counted(local_stack, tmp_path):
+    """The hot path in-process: a batch id applied once is skipped at any partition or offset (a redelivery,
+    a replay from an earlier offset, a recreated topic's offsets); a rejection does not count."""
     from stream_app.app import Pipeline
 
     tag = uuid.uuid4().hex[:8]
@@ -410,18 +411,19 @@ def test_redelivered_offsets_are_not_counted(local_stack, tmp_path):
     proto = c.attributes["app_version"].protocol
     rng = np.random.default_rng(3)
     reports = proto.randomize(rng.integers(0, proto.k, 5000), rng, state=proto.new_state(5000))
-    blob = envelope.pack_reports(c, "app_version", 0, reports)
+    blob = envelope.pack_reports(c, "app_version", 0, reports, batch_id="hot:0:app_version:0")
+    other = envelope.pack_reports(c, "app_version", 0, reports, batch_id="hot:0:app_version:1")
 
     async def scenario() -> list[str]:
         pipe = Pipeline({c.id: c}, local_stack.info.redis_url, app_id=f"hot-{tag}", topics=Topics())
         try:
             return [await pipe.process(blob, 2, 10), await pipe.process(blob, 2, 10),
                     await pipe.process(blob, 2, 9), await pipe.process(blob[:-3], 2, 11),
-                    await pipe.process(blob, 3, 10)]
+                    await pipe.process(blob, 3, 0), await pipe.process(other, 2, 3)]
         finally:
             await pipe.close()
 
-    assert asyncio.run(scenario()) == ["applied", "duplicate", "duplicate", "rejected", "applied"]
+    assert asyncio.run(scenario()) == ["applied", "duplicate", "duplicate", "rejected", "duplicate", "applied"]
     counts, n = read_counts(local_stack.info.redis_url, c.id, "app_version", 0, proto.k)
     assert n == 2 * len(reports) and np.array_equal(counts, 2 * proto.support(reports))
 
@@ -435,7 +437,8 @@ def test_sigkill_and_restart_counts_exactly_once(env):
     n_batches, per = 60, 5_000
     t = 90
     reports = proto.randomize(rng.integers(0, proto.k, n_batches * per), rng, state=proto.new_state(n_batches * per))
-    msgs = [(message_key(t, attr), envelope.pack_reports(c, attr, t, reports[i * per:(i + 1) * per]))
+    msgs = [(message_key(t, attr), envelope.pack_reports(c, attr, t, reports[i * per:(i + 1) * per],
+                                                      batch_id=f"kill:{t}:{i}"))
             for i in range(n_batches)]
     expected = {(attr, t): (proto.support(reports), len(reports))}
     produce(env.kafka, env.reports, msgs[:20])

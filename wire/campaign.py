@@ -6,6 +6,7 @@ id = "fleet-health"          # [A-Za-z0-9_.-]{1,64}
 time_step_seconds = 10.0     # length of one time step t
 lateness_seconds = 2.0       # how long a closed step still accepts reports
 max_batch_reports = 1000000  # a larger batch is rejected ("oversized")
+retention_steps = 60480      # steps kept in Redis (default: 7 days of steps, see below)
 
 [[attributes]]
 name = "app_version"         # [A-Za-z0-9_.-]{1,64}
@@ -14,11 +15,43 @@ protocol = "L-OSUE"          # any name of estimators.PROTOCOLS
 eps_inf = 2.0                # the protocol's own parameters (estimators.make keywords)
 eps_1 = 1.0
 labels = ["v1.0", ...]       # optional, k labels for dashboards
+
+[[groups]]                   # a multidimensional solution over several attributes, one total budget
+name = "device"              # [A-Za-z0-9_.-]{1,64}
+solution = "ALLOMFREE"       # any name of estimators.SOLUTIONS
+attributes = ["os", "country", "model"]   # declared in [[attributes]] with name, k, labels only
+eps_inf = 2.0                # the solution's parameters (estimators.make_solution keywords)
+eps_1 = 1.0
 ```
 
-The campaign fingerprint (a hash of everything above but the labels) identifies a
-configuration; each attribute's protocol fingerprint travels in every batch envelope and is
-checked by the stream app, so a producer with other parameters is rejected, never counted.
+An attribute of a group has no protocol and no budget of its own: the group's solution spends one
+budget over all its attributes (``estimators.multidim``), so an attribute that declares its own
+protocol or ε, or appears in two groups, is refused (its budget would be spent twice). Each attribute
+of a group gets the solution's server-side view of it (``solution.attribute_protocol(j)``) as its
+protocol: its reports, support counts, estimator, variance and privacy figures are the solution's.
+
+A solution with fake data (RS+FD, L-RS+FD, ALLOMFREE with ``fake_data = true``) must say
+``amplification = "paper"`` or ``"none"``: with the paper's amplified budget a device's whole tuple
+of reports is ``ln(d(e^eps - 1) + 1)``-LDP, not ``eps``-LDP (``eps`` holds against a change of one
+attribute), so the campaign states which one it means and the estimates publish the tuple-level figure.
+
+The campaign fingerprint (a hash of the id, the step length and each attribute's protocol
+parameters) identifies the data contract; each attribute's protocol fingerprint travels in every
+batch envelope and is checked by the stream app, so a producer with other parameters is
+rejected, never counted. Server-side settings (``lateness_seconds``, ``max_batch_reports``,
+``retention_steps``, labels, description) are not part of it: devices and fleets store the
+fingerprint in their state directories, and changing how long the server keeps counts must not
+invalidate them.
+
+Retention (``retention_steps``, R): the stream app keeps the counts, the step index and the
+estimate history of the R most recent *final* steps of each attribute (and every step not final
+yet): once an attribute has more, the steps below its R-th newest final step are deleted and
+batches for them are refused as expired. It is a number of steps, not of seconds: simulated
+fleets number their steps 0, 1, 2, ... at any pace, and Redis memory grows with the number of
+steps kept (README, "Retention"), so a step count bounds it for logical and wall-clock steps
+alike; counting final steps (not step numbers) means a gap, a wall-clock step among logical ones
+or a far-future ``t`` deletes nothing early. The default is 7 days of steps,
+``ceil(604800 / time_step_seconds)``.
 
 :func:`step_at` is the time step of a wall-clock time, ``t = floor(now / time_step_seconds)``:
 the step a device SDK stamps on a report and the stream app's HTTP ingest assumes when a report
@@ -38,12 +71,24 @@ from typing import Any
 
 from estimators.base import FrequencyProtocol
 from estimators.errors import LDPError
-from estimators.registry import make
+from estimators.multidim import Solution
+from estimators.registry import make, make_solution
 
-__all__ = ["Attribute", "Campaign", "CampaignError", "load_campaigns", "step_at"]
+__all__ = ["Attribute", "Campaign", "CampaignError", "Group", "DEFAULT_RETENTION_SECONDS", "default_retention_steps",
+           "load_campaigns", "step_at"]
 
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
-_CAMPAIGN_KEYS = {"id", "time_step_seconds", "lateness_seconds", "max_batch_reports", "description"}
+_CAMPAIGN_KEYS = {"id", "time_step_seconds", "lateness_seconds", "max_batch_reports", "retention_steps", "description"}
+#: The shortest time step: the wall-clock step ``floor(now / time_step_seconds)`` must fit the envelope's
+#: 32-bit ``t`` (``2**32 - 1`` steps of 1 s reach the year 2106; 0.1 s steps overflowed in 1983).
+MIN_TIME_STEP_SECONDS = 1.0
+#: What the default ``retention_steps`` keeps: 7 days of steps.
+DEFAULT_RETENTION_SECONDS = 7 * 86400
+
+
+def default_retention_steps(time_step_seconds: float) -> int:
+    """The default ``retention_steps``: :data:`DEFAULT_RETENTION_SECONDS` worth of steps (at least 1)."""
+    return max(1, math.ceil(DEFAULT_RETENTION_SECONDS / time_step_seconds))
 
 
 class CampaignError(LDPError):
@@ -58,14 +103,26 @@ class Attribute:
     k: int
     protocol: FrequencyProtocol
     labels: tuple[str, ...] = ()
+    group: str | None = None  # the multidimensional group whose solution reports this attribute
 
     def label(self, v: int) -> str:
         return self.labels[v] if self.labels else str(v)
 
 
 @dataclass(frozen=True)
+class Group:
+    """Attributes reported together by one multidimensional solution with one total budget."""
+
+    name: str
+    solution: Solution
+    attributes: tuple[str, ...]  # in the solution's order (attribute j of the solution)
+
+
+@dataclass(frozen=True)
 class Campaign:
-    """A campaign: its id, attributes, time-step length, lateness and batch limit (module doc)."""
+    """A campaign: its id, attributes, time-step length, lateness, batch limit and retention (module doc).
+
+    ``retention_steps=None`` means the default, 7 days of steps (:func:`default_retention_steps`)."""
 
     id: str
     attributes: dict[str, Attribute]
@@ -74,12 +131,32 @@ class Campaign:
     max_batch_reports: int = 1_000_000
     description: str = ""
     source: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    groups: dict[str, Group] = field(default_factory=dict)
+    # None (the default) is replaced by default_retention_steps(time_step_seconds) in __post_init__
+    retention_steps: int = None  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        if self.retention_steps is None:
+            object.__setattr__(self, "retention_steps", default_retention_steps(self.time_step_seconds))
+        elif isinstance(self.retention_steps, bool) or not isinstance(self.retention_steps, int) \
+                or self.retention_steps < 1:
+            raise CampaignError(f"retention_steps must be an integer >= 1 (the number of steps kept, counted back "
+                                f"from the newest final step), got {self.retention_steps!r}")
 
     @property
     def fingerprint(self) -> str:
+        """The data contract's hash (id, step length, protocol parameters; not the server-side settings)."""
         spec = {"id": self.id, "time_step_seconds": self.time_step_seconds,
                 "attributes": {a.name: a.protocol.params() for a in self.attributes.values()}}
+        if self.groups:
+            spec["groups"] = {g.name: {"solution": g.solution.params(), "attributes": list(g.attributes)}
+                              for g in self.groups.values()}
         return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
+
+    @property
+    def ungrouped(self) -> list[str]:
+        """The attributes reported by their own protocol (not by a group's solution)."""
+        return [a.name for a in self.attributes.values() if a.group is None]
 
     def attribute(self, name: str) -> Attribute:
         try:
@@ -102,20 +179,53 @@ class Campaign:
         step = float(head.get("time_step_seconds", 10.0))
         late = float(head.get("lateness_seconds", 2.0))
         max_batch = int(head.get("max_batch_reports", 1_000_000))
+        if step < MIN_TIME_STEP_SECONDS:
+            raise CampaignError(f"time_step_seconds must be >= {MIN_TIME_STEP_SECONDS:g}, got {step:g}: the wall-clock step "
+                                f"floor(now / time_step_seconds) of a report without t must fit the envelope's 32-bit "
+                                f"t (with 1 s steps, until the year 2106)")
         if step <= 0 or late < 0 or max_batch < 1:
             raise CampaignError("time_step_seconds > 0, lateness_seconds >= 0 and max_batch_reports >= 1 are required")
-        attrs: dict[str, Attribute] = {}
         raw = data.get("attributes")
         if not isinstance(raw, list) or not raw:
             raise CampaignError("a campaign needs at least one [[attributes]] entry")
+        groups_raw = data.get("groups", [])
+        if not isinstance(groups_raw, list):
+            raise CampaignError("groups must be an array of tables ([[groups]])")
+        member_of: dict[str, str] = {}
+        for g in groups_raw:
+            gname = g.get("name") if isinstance(g, dict) else None
+            if not isinstance(gname, str) or not _NAME.match(gname):
+                raise CampaignError(f"group name must match {_NAME.pattern}, got {gname!r}")
+            members = g.get("attributes")
+            if not isinstance(members, list) or len(members) < 2 or not all(isinstance(m, str) for m in members):
+                raise CampaignError(f"group {gname!r} needs a list of at least 2 attribute names")
+            for m in members:
+                if m in member_of:
+                    raise CampaignError(f"attribute {m!r} is in groups {member_of[m]!r} and {gname!r}: its budget "
+                                        f"would be spent twice")
+                member_of[m] = gname
+        attrs: dict[str, Attribute] = {}
+        ks: dict[str, int] = {}
+        labels_of: dict[str, tuple[str, ...]] = {}
         for entry in raw:
             a = dict(entry)
             name = a.pop("name", None)
             if not isinstance(name, str) or not _NAME.match(name):
                 raise CampaignError(f"attribute name must match {_NAME.pattern}, got {name!r}")
-            if name in attrs:
+            if name in attrs or name in ks:
                 raise CampaignError(f"attribute {name!r} is declared twice")
             labels = tuple(str(x) for x in a.pop("labels", ()))
+            if name in member_of:
+                extra = set(a) - {"k"}
+                if extra:
+                    raise CampaignError(f"attribute {name!r} belongs to group {member_of[name]!r}, whose solution "
+                                        f"spends one budget over the group: remove its own "
+                                        f"{', '.join(sorted(extra))} (a budget spent twice)")
+                k = a.get("k")
+                if isinstance(k, bool) or not isinstance(k, int) or k < 2:
+                    raise CampaignError(f"attribute {name!r} needs an integer domain size k >= 2, got {k!r}")
+                ks[name], labels_of[name] = k, labels
+                continue
             proto_name = a.pop("protocol", None)
             if not isinstance(proto_name, str):
                 raise CampaignError(f"attribute {name!r} needs a protocol")
@@ -128,7 +238,39 @@ class Campaign:
             if labels and len(labels) != proto.domain_size:
                 raise CampaignError(f"attribute {name!r} has {len(labels)} labels for a domain of {proto.domain_size}")
             attrs[name] = Attribute(name, proto.k, proto, labels)
-        return cls(cid, attrs, step, late, max_batch, str(head.get("description", "")), data)
+        groups: dict[str, Group] = {}
+        for g in groups_raw:
+            spec = dict(g)
+            gname, members = spec.pop("name"), tuple(spec.pop("attributes"))
+            if gname in groups:
+                raise CampaignError(f"group {gname!r} is declared twice")
+            missing = [m for m in members if m not in ks]
+            if missing:
+                raise CampaignError(f"group {gname!r} names undeclared attributes: {', '.join(missing)}")
+            solution_name = spec.pop("solution", None)
+            if not isinstance(solution_name, str):
+                raise CampaignError(f"group {gname!r} needs a solution")
+            try:
+                solution = make_solution(solution_name, ks=[ks[m] for m in members], **spec)
+            except (LDPError, TypeError, ValueError) as exc:
+                raise CampaignError(f"group {gname!r}: {exc}") from exc
+            if solution.layout == "fake" and "amplification" not in spec:
+                raise CampaignError(
+                    f"group {gname!r}: {solution_name} with fake data must state its amplification: "
+                    f'amplification = "paper" reports the sampled attribute at the amplified budget '
+                    f"eps' = ln(d(e^eps - 1) + 1) (Arcolezi et al., CIKM 2021): eps then holds against a change of "
+                    f"one attribute, and a device's whole tuple spends more (the estimates show it as eps_1); "
+                    f'amplification = "none" holds the whole tuple at eps (larger variance)')
+            groups[gname] = Group(gname, solution, members)
+            for j, m in enumerate(members):
+                view = solution.attribute_protocol(j)
+                if labels_of[m] and len(labels_of[m]) != view.domain_size:
+                    raise CampaignError(f"attribute {m!r} has {len(labels_of[m])} labels for a domain of "
+                                        f"{view.domain_size}")
+                attrs[m] = Attribute(m, ks[m], view, labels_of[m], group=gname)
+        attrs = {(e.get("name")): attrs[e.get("name")] for e in raw}  # the file's order
+        return cls(cid, attrs, step, late, max_batch, str(head.get("description", "")), data,
+                   retention_steps=head.get("retention_steps"), groups=groups)  # validated by __post_init__
 
     @classmethod
     def load(cls, path: str | Path) -> "Campaign":

@@ -11,8 +11,10 @@ step. Layout (little-endian)::
 the sender will send no more reports for steps ``<= t`` of that attribute). ``batch_id`` is the
 producer's stable id of a REPORTS batch (the fleet: ``<producer>:<t>:<attribute>:<index>``, the
 HTTP ingest: a fresh unique id): the count store applies each id at most once, so a re-sent batch
-(retry, resumed producer) is never counted twice. It may be empty (a watermark, or a sender
-without ids: only the partition-offset check applies). Parsing never
+(retry, resumed producer, a redelivery after a crash, a replay from Kafka) is never counted twice.
+It is required on REPORTS batches (:class:`~wire.errors.MissingBatchId` otherwise) and empty on
+watermarks, whose application is idempotent. :func:`message_ident` names a message for the
+consumer-position records of the count store. Parsing never
 copies the payload (a ``memoryview``); every inconsistency raises a subclass of
 :class:`~wire.errors.EnvelopeError` whose type names the rejection reason (its ``reason``
 labels the rejection topic and metrics). The Kafka message key of an envelope is
@@ -28,12 +30,12 @@ import numpy as np
 from estimators.errors import InvalidReports, LDPError, TruncatedPayload
 
 from .campaign import Campaign
-from .errors import (REASONS, BadPayload, BadVersion, EnvelopeError, MalformedBatch, OversizedBatch, TruncatedBatch,
-                     UnknownAttribute, UnknownCampaign, WrongFingerprint, WrongProtocol)
+from .errors import (REASONS, BadPayload, BadVersion, EnvelopeError, MalformedBatch, MissingBatchId, OversizedBatch,
+                     TruncatedBatch, UnknownAttribute, UnknownCampaign, WrongFingerprint, WrongProtocol)
 from .topics import message_key
 
 __all__ = ["MAGIC", "VERSION", "REPORTS", "WATERMARK", "MAX_STEP", "Envelope", "EnvelopeError", "REASONS", "pack",
-           "pack_reports", "pack_watermark", "parse", "validate", "decode_reports"]
+           "pack_reports", "pack_watermark", "parse", "validate", "message_ident", "decode_reports"]
 
 MAGIC = b"LDPB"
 # 2: reports randomized from ChaCha20 streams under 256-bit keys, SHE as integer discrete-Laplace
@@ -80,7 +82,7 @@ def pack(campaign: str, attribute: str, protocol: str, fingerprint: str, t: int,
     return b"".join((head, _field(campaign), _field(attribute), _field(protocol), _field(batch_id), payload))
 
 
-def pack_reports(campaign: Campaign, attribute: str, t: int, reports: np.ndarray, batch_id: str = "") -> bytes:
+def pack_reports(campaign: Campaign, attribute: str, t: int, reports: np.ndarray, *, batch_id: str) -> bytes:
     """Envelope of a batch of reports of ``campaign.attribute(attribute)`` (``batch_id``: the producer's id)."""
     proto = campaign.attribute(attribute).protocol
     return pack(campaign.id, attribute, proto.name, proto.fingerprint, t, len(reports), proto.encode(reports),
@@ -138,9 +140,17 @@ def validate(env: Envelope, campaigns: dict[str, Campaign]) -> Campaign:
     if env.fingerprint != attr.protocol.fingerprint:
         raise WrongFingerprint(f"batch parameters {env.fingerprint} differ from the campaign's "
                                f"{attr.protocol.fingerprint} for {env.attribute!r}")
+    if env.kind == REPORTS and not env.batch_id:
+        raise MissingBatchId("a batch of reports must carry its producer's batch id (it is counted at most once)")
     if env.count > campaign.max_batch_reports:
         raise OversizedBatch(f"{env.count} reports exceed max_batch_reports={campaign.max_batch_reports}")
     return campaign
+
+
+def message_ident(env: Envelope) -> str:
+    """What names a message independently of its offset: the batch id, or ``wm:<attribute>:<t>`` for a
+    watermark (the count store records it with a consumer position, to recognize that message again)."""
+    return env.batch_id if env.kind == REPORTS else f"wm:{env.attribute}:{env.t}"
 
 
 def decode_reports(env: Envelope, campaign: Campaign) -> np.ndarray:

@@ -70,10 +70,19 @@ class BadPayload(EnvelopeError, reason="bad_payload"):
     """A payload that does not decode to the announced reports of the protocol's output space."""
 
 
+class MissingBatchId(EnvelopeError, reason="missing_batch_id"):
+    """A REPORTS batch without a batch id: it could not be deduplicated, so it is never counted."""
+
+
+class ExpiredStep(EnvelopeError, reason="expired"):
+    """A batch or watermark for a step below its attribute's retention floor (already pruned): counting it
+    into a fresh hash could count a re-sent batch twice, since the step's batch ids are gone."""
+
+
 class BadJson(EnvelopeError, reason="bad_json"):
     """A single-report request that is not the expected JSON object."""
 
 
 REASONS: tuple[str, ...] = tuple(cls.reason for cls in (
     MalformedBatch, BadVersion, UnknownCampaign, UnknownAttribute, WrongProtocol, WrongFingerprint,
-    TruncatedBatch, OversizedBatch, BadPayload, BadJson))
+    TruncatedBatch, OversizedBatch, BadPayload, MissingBatchId, ExpiredStep, BadJson))

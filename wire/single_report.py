@@ -66,6 +66,8 @@ def decode_report_request(body: bytes) -> list[Any]:
         data = json.loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
         raise BadJson(f"request body is not JSON: {exc}") from None
+    except RecursionError:  # json's decoder recurses once per nesting level: "[[[[..." exhausts the stack
+        raise BadJson("request body nests JSON deeper than the parser's recursion limit") from None
     objs = data if isinstance(data, list) else [data]
     if not objs:
         raise BadJson("empty list of reports")

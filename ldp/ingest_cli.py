@@ -1,0 +1,112 @@
+"""``ldp ingest`` (the HTTP ingest service) and ``ldp tokens`` (device tokens and the server secret)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+from rich.console import Console
+
+from stream_app.ingest.settings import ingest_setting_specs
+
+__all__ = ["register"]
+
+console = Console(stderr=True)
+tokens_app = typer.Typer(help="Device tokens of the ingest (HMAC-signed; the secret: LDP_DEVICE_SECRET or "
+                              "LDP_DEVICE_SECRET_FILE).", no_args_is_help=True)
+
+
+def _option(name: str, **kwargs: Any) -> Any:
+    """The `ldp ingest` option of ingest setting ``name`` (flags, help and variable from its spec)."""
+    spec = ingest_setting_specs()[name]
+    default = "" if spec["default"] in (None, "") else f" Default: {spec['default']}."
+    return typer.Option(*spec["option"], help=f"{spec['help']}{default} Environment: {spec['env']}.",
+                        show_default=False, **kwargs)
+
+
+def ingest(campaign_paths: Annotated[Optional[list[Path]], _option("campaign_paths", exists=True, dir_okay=False)] = None,
+           kafka_bootstrap: Annotated[Optional[str], _option("kafka_bootstrap")] = None,
+           redis_url: Annotated[Optional[str], _option("redis_url")] = None,
+           topic_prefix: Annotated[Optional[str], _option("topic_prefix")] = None,
+           host: Annotated[Optional[str], _option("host")] = None,
+           port: Annotated[Optional[int], _option("port")] = None,
+           processes: Annotated[Optional[int], _option("processes")] = None,
+           linger_seconds: Annotated[Optional[float], _option("linger_seconds")] = None,
+           max_batch_reports: Annotated[Optional[int], _option("max_batch_reports")] = None,
+           max_body_bytes: Annotated[Optional[int], _option("max_body_bytes")] = None,
+           max_device_reports: Annotated[Optional[int], _option("max_device_reports")] = None,
+           max_relay_reports: Annotated[Optional[int], _option("max_relay_reports")] = None,
+           max_late_seconds: Annotated[Optional[float], _option("max_late_seconds")] = None,
+           max_early_seconds: Annotated[Optional[float], _option("max_early_seconds")] = None,
+           idempotency_seconds: Annotated[Optional[int], _option("idempotency_seconds")] = None,
+           publish_timeout: Annotated[Optional[float], _option("publish_timeout")] = None,
+           shutdown_timeout: Annotated[Optional[float], _option("shutdown_timeout")] = None,
+           open_mode: Annotated[Optional[bool], _option("open_mode")] = None,
+           loglevel: Annotated[Optional[str], _option("loglevel")] = None) -> None:
+    """Run the HTTP ingest: POST /reports (device tokens, rate limits, idempotency keys) -> ldp.reports.
+
+    Several processes share the port (--processes); each option falls back to its environment variable,
+    then to its default; --kafka and --redis, given by neither, to the addresses of `ldp stack up`."""
+    given = {k: v for k, v in locals().items()}  # named after the IngestSettings fields
+    from stream_app.ingest.auth import SecretError
+    from stream_app.ingest.service import serve
+    from stream_app.ingest.settings import IngestSettings
+    from stream_app.settings import SettingsError
+    from wire.campaign import CampaignError
+
+    from .cli import _fail, _stack_addresses
+
+    try:
+        if not (given["kafka_bootstrap"] or _env("kafka_bootstrap")) or not (given["redis_url"] or _env("redis_url")):
+            given["kafka_bootstrap"], given["redis_url"] = _stack_addresses(
+                given["kafka_bootstrap"] or _env("kafka_bootstrap"), given["redis_url"] or _env("redis_url"))
+        settings = IngestSettings.from_env(**given)
+        status = serve(settings)
+    except (SettingsError, SecretError, CampaignError) as exc:
+        _fail(exc)
+    raise typer.Exit(status)
+
+
+def _env(name: str) -> str | None:
+    import os
+
+    return os.environ.get(ingest_setting_specs()[name]["env"]) or None
+
+
+@tokens_app.command("issue")
+def tokens_issue(count: Annotated[int, typer.Option("--count", "-n", help="Tokens to print, one per line.")] = 1,
+                 days: Annotated[float, typer.Option(help="Validity (days).")] = 365.0,
+                 relay: Annotated[bool, typer.Option(help="Relay tokens (a trusted gateway or load generator: "
+                                                          "large batches, no per-device rate limit).")] = False) -> None:
+    """Print new device tokens (each with a random 128-bit device id), signed with the server secret."""
+    from stream_app.ingest.auth import DEVICE, RELAY, DeviceSecret, SecretError, TokenAuthority
+
+    from .cli import _fail
+
+    try:
+        secret = DeviceSecret.from_env()
+    except SecretError as exc:
+        _fail(exc)
+    if secret is None:
+        _fail(ValueError("no server secret: set LDP_DEVICE_SECRET or LDP_DEVICE_SECRET_FILE "
+                         "(`ldp tokens new-secret` makes one)"))
+    if count < 1 or not days > 0:
+        _fail(ValueError("--count must be >= 1 and --days > 0"))
+    authority = TokenAuthority(secret)  # type: ignore[arg-type]
+    kind = RELAY if relay else DEVICE
+    print("\n".join(authority.issue(days * 86400.0, kind=kind) for _ in range(count)))
+
+
+@tokens_app.command("new-secret")
+def tokens_new_secret() -> None:
+    """Print a new 256-bit server secret (64 hex digits) for LDP_DEVICE_SECRET; keep it out of shell history
+    and logs: `ldp tokens new-secret > secret && chmod 600 secret`, then LDP_DEVICE_SECRET_FILE=secret."""
+    from stream_app.ingest.auth import DeviceSecret
+
+    print(DeviceSecret.generate().hex())
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``ldp ingest`` and ``ldp tokens`` to the ``ldp`` command."""
+    app.command("ingest")(ingest)
+    app.add_typer(tokens_app, name="tokens")

@@ -1,0 +1,285 @@
+"""One report request, from its headers to its answer: independent of the HTTP server.
+
+:class:`ReportHandler` serves ``POST /reports`` of the ingest service (granian, :mod:`.service`) and of
+the Faust worker (aiohttp, :mod:`stream_app.api`): one implementation of authentication, body limits,
+decoding, rate limits, idempotency and publishing. In order (the first failure answers):
+
+1. credential (``Authorization: Bearer <token>``, :mod:`.auth`): 401 ``missing_token`` /
+   ``malformed_token`` / ``forged_token`` / ``expired_token``; none asked in *open* mode (development);
+2. ``Content-Type``: ``application/json`` (the default; :mod:`wire.single_report`: one object or a list)
+   or ``application/x-ldp-reports`` (:mod:`wire.compact`); 415 ``unsupported_media_type`` otherwise;
+3. ``Idempotency-Key`` (optional): 1-255 visible ASCII characters, else 400 ``bad_idempotency_key``;
+4. body size: 413 ``body_too_large`` past ``max_body_bytes`` (from ``Content-Length`` before reading, or
+   while reading a chunked body);
+5. decoding, all-or-nothing: 400 with the reason of the first bad report (and ``errors``, one per bad
+   JSON object), a rejection record per bad object where the server keeps them (the worker);
+6. report count: 413 ``too_many_reports`` past the credential's limit (device, relay);
+7. steps (tokens only): 400 ``step_out_of_window`` for a ``t`` outside :func:`.limits.step_window`;
+8. rate limit (device tokens): one report per device per (campaign, attribute, t), 429 ``rate_limited``
+   with the ``conflicts`` (report indices) if another request holds a slot; the idempotency record:
+   the first answer again (header ``Idempotent-Replayed: true``), 409 ``request_in_progress``, 422
+   ``idempotency_key_reused`` or the in-doubt answer (:class:`.limits.Admission`);
+9. publish: 200 ``{"accepted": n}`` once the broker acknowledged the reports; 503 ``unavailable`` (and the
+   slots released: the device retries) if it did not; 502 ``partially_published`` with the indices of the
+   reports that are in (``published``) if it acknowledged only some of the request's batches (Kafka has no
+   atomic write over partitions): their slots stay held, the others are released, and a retry with the same
+   key gets this answer again: resend the others in a new request.
+
+Every refusal increments ``ldp_ingest_refused_total{reason}``: nothing of a refused request is counted.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, Mapping, NamedTuple
+
+from wire.campaign import Campaign
+from wire.compact import CONTENT_TYPE as COMPACT_TYPE
+from wire.compact import decode_compact
+from wire.errors import EnvelopeError
+from wire.single_report import SingleReport, decode_report_request, decode_single_report
+
+from ..store import RETRYABLE_ERRORS, rate_slot_key
+from .auth import AuthError, Credential, TokenAuthority
+from .batcher import PublishError
+from .limits import RequestLedger, slot_ttl, step_window
+from .metrics import IngestMetrics
+
+__all__ = ["BodyTooLarge", "HandlerLimits", "JSON_TYPES", "ReadBody", "Reply", "ReportHandler"]
+
+log = logging.getLogger(__name__)
+
+JSON_TYPES = ("application/json", "text/json")
+Submit = Callable[[list[SingleReport]], Awaitable[int]]  # queue valid reports, return once the broker has them
+Reject = Callable[..., Awaitable[Any]]  # (reason, detail, *, source, size, extra): a rejection record
+
+
+class BodyTooLarge(Exception):
+    """Raised by a :data:`ReadBody` past its limit."""
+
+
+ReadBody = Callable[[int], Awaitable[bytes]]  # read the whole body; BodyTooLarge past the limit (bytes)
+
+
+class Reply(NamedTuple):
+    """An answer: status, JSON body, extra headers."""
+
+    status: int
+    body: bytes
+    headers: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class HandlerLimits:
+    """Limits of the handler (the ingest's settings; the worker's ``POST /reports`` has its own)."""
+
+    max_body_bytes: int = 1 << 20
+    max_device_reports: int = 256
+    max_relay_reports: int = 100_000
+    max_open_reports: int = 100_000
+    max_late_seconds: float = 3600.0
+    max_early_seconds: float = 60.0
+
+
+def _doc(status: int, doc: dict[str, Any], headers: tuple[tuple[str, str], ...] = ()) -> Reply:
+    return Reply(status, json.dumps(doc, separators=(",", ":")).encode(), headers)
+
+
+class ReportHandler:
+    """``POST /reports`` (module doc). ``authority=None`` is *open* mode (no credential, no rate limit;
+    development only); ``disabled`` (a reason) refuses every request with 403."""
+
+    def __init__(self, campaigns: Mapping[str, Campaign], submit: Submit, metrics: IngestMetrics, *,
+                 authority: TokenAuthority | None, ledger: RequestLedger | None,
+                 limits: HandlerLimits = HandlerLimits(), reject: Reject | None = None,
+                 disabled: str | None = None) -> None:
+        self.campaigns = campaigns
+        self.submit = submit
+        self.metrics = metrics
+        self.authority = authority
+        self.ledger = ledger
+        self.limits = limits
+        self.reject = reject
+        self.disabled = disabled
+
+    async def handle(self, headers: Mapping[str, str], read_body: ReadBody) -> Reply:
+        """Answer one request (``headers``: case-insensitive or lower-case names)."""
+        start = time.perf_counter()
+        reply = await self._handle(headers, read_body)
+        self.metrics.requests_total.labels(str(reply.status)).inc()
+        self.metrics.request_seconds.observe(time.perf_counter() - start)
+        return reply
+
+    def refuse(self, status: int, reason: str, detail: str, headers: tuple[tuple[str, str], ...] = (),
+               **extra: Any) -> Reply:
+        """A refusal: counted in ``ldp_ingest_refused_total{reason}``."""
+        self.metrics.refused_total.labels(reason).inc()
+        return _doc(status, {"error": reason, "detail": detail, **extra}, headers)
+
+    async def _handle(self, headers: Mapping[str, str], read_body: ReadBody) -> Reply:
+        if self.disabled:
+            return self.refuse(403, "reports_disabled", self.disabled)
+        now = time.time()
+        cred: Credential | None = None
+        if self.authority is not None:
+            try:
+                cred = self.authority.verify_header(headers.get("authorization"), now)
+            except AuthError as exc:
+                return self.refuse(401, exc.reason, exc.detail, (("www-authenticate", 'Bearer realm="ldp-ingest"'),))
+        ctype = (headers.get("content-type") or JSON_TYPES[0]).split(";", 1)[0].strip().lower()
+        if ctype not in JSON_TYPES and ctype != COMPACT_TYPE:
+            return self.refuse(415, "unsupported_media_type", f"send {JSON_TYPES[0]} or {COMPACT_TYPE}, not {ctype!r}")
+        key = headers.get("idempotency-key")
+        if key is not None and not (0 < len(key) <= 255 and key.isascii() and key.isprintable() and " " not in key):
+            return self.refuse(400, "bad_idempotency_key", "an Idempotency-Key has 1-255 visible ASCII characters")
+        limit = self.limits.max_body_bytes
+        length = headers.get("content-length")
+        if length is not None and length.strip().isdecimal() and int(length) > limit:  # "²".isdigit(), int("²") fails
+            return self.refuse(413, "body_too_large", f"the body has {int(length)} bytes, at most {limit} are accepted")
+        try:
+            body = await read_body(limit)
+        except BodyTooLarge:
+            return self.refuse(413, "body_too_large", f"the body has more than {limit} bytes")
+        decoded = await self._decode(ctype, body, now)
+        if isinstance(decoded, Reply):
+            return decoded
+        return await self._admit(decoded, cred, key, body, now)
+
+    async def _decode(self, ctype: str, body: bytes, now: float) -> list[SingleReport] | Reply:
+        """The request's reports, or the 400 answer (all-or-nothing)."""
+        if ctype == COMPACT_TYPE:
+            try:
+                return decode_compact(body, self.campaigns, now)
+            except EnvelopeError as exc:
+                await self._reject(exc, len(body))
+                return self.refuse(400, exc.reason, exc.detail, rejected=1)
+        try:
+            objs = decode_report_request(body)
+        except EnvelopeError as exc:
+            await self._reject(exc, len(body))
+            return self.refuse(400, exc.reason, exc.detail, rejected=1)
+        good, bad = [], []
+        for i, obj in enumerate(objs):
+            try:
+                good.append(decode_single_report(obj, self.campaigns, now))
+            except EnvelopeError as exc:
+                extra = {k: obj.get(k) for k in ("campaign", "attribute", "t")} if isinstance(obj, dict) else {}
+                extra = {k: v for k, v in extra.items() if isinstance(v, (str, int)) and not isinstance(v, bool)}
+                await self._reject(exc, len(body), {**extra, "index": i})
+                bad.append({"index": i, "reason": exc.reason, "detail": exc.detail})
+        if bad:
+            return self.refuse(400, bad[0]["reason"], bad[0]["detail"], rejected=len(bad), errors=bad, accepted=0)
+        return good
+
+    async def _reject(self, exc: EnvelopeError, size: int, extra: dict[str, Any] | None = None) -> None:
+        if self.reject is not None:
+            await self.reject(exc.reason, exc.detail, source="http", size=size, extra=extra)
+
+    async def _admit(self, items: list[SingleReport], cred: Credential | None, key: str | None, body: bytes,
+                     now: float) -> Reply:
+        """Count, window, rate limit and idempotency checks; then publish."""
+        n = sum(len(item.reports) for item in items)
+        lim = self.limits
+        most = lim.max_open_reports if cred is None else lim.max_relay_reports if cred.relay else lim.max_device_reports
+        if n > most:
+            return self.refuse(413, "too_many_reports", f"{n} reports in one request, at most {most} are accepted")
+        slots: list[tuple[str, int, bytes, int]] = []
+        slot_keys: dict[tuple[str, str, int], str] = {}  # (campaign, attribute, t) -> its rate-limit slot
+        if cred is not None:
+            seen: set[tuple[str, str, int]] = set()
+            for i, (campaign, attr, t, reports) in enumerate(items):
+                lo, hi = step_window(campaign, now, lim.max_late_seconds, lim.max_early_seconds)
+                if not lo <= t <= hi:
+                    return self.refuse(400, "step_out_of_window", f"report {i}: step {t} of {campaign.id}/{attr} is "
+                                       f"outside the steps taken now, [{lo}, {hi}]")
+                if cred.relay:
+                    continue
+                if len(reports) != 1 or (campaign.id, attr, t) in seen:
+                    return self.refuse(429, "rate_limited", f"report {i}: a device sends one report per (campaign, "
+                                       f"attribute, t), {campaign.id}/{attr}/{t} has more", conflicts=[i])
+                seen.add((campaign.id, attr, t))
+                slot = self.authority.rate_slot(campaign.id, t, cred.id, attr)  # type: ignore[union-attr]
+                slots.append((campaign.id, t, slot, slot_ttl(campaign, t, now, lim.max_late_seconds)))
+                slot_keys[(campaign.id, attr, t)] = rate_slot_key(campaign.id, t, slot)
+        request = None
+        if key is not None:
+            request = (self.authority.request_id(cred.id, key) if cred is not None and self.authority is not None
+                       else hashlib.sha256(b"open|" + key.encode()).digest()[:16])
+        if self.ledger is None or not (slots or request):
+            try:
+                return await self._publish(items, n)
+            except PublishError as exc:
+                return self._partial(items, exc)
+        body_hash = RequestLedger.body_hash(body)
+        try:
+            adm = await self.ledger.begin(slots, request, body_hash, now)
+        except RETRYABLE_ERRORS as exc:
+            log.warning("the rate-limit store is unreachable: %s", exc)
+            return self.refuse(503, "unavailable", "the rate-limit store is unreachable; retry later",
+                               (("retry-after", "1"),))
+        if adm.state == "replay":
+            self.metrics.replayed_total.inc()
+            status, doc = adm.answer  # type: ignore[misc]
+            return Reply(status, doc, (("idempotent-replayed", "true"),))
+        if adm.state == "in_progress":
+            return self.refuse(409, "request_in_progress", "an earlier request with this Idempotency-Key is still "
+                               "being handled; retry later", (("retry-after", "1"),))
+        if adm.state == "key_reused":
+            return self.refuse(422, "idempotency_key_reused", "this Idempotency-Key was used for another body")
+        if adm.state == "rate_limited":
+            return self.refuse(429, "rate_limited", "a device sends one report per (campaign, attribute, t): another "
+                               "request already sent one", conflicts=adm.conflicts)
+        if adm.state == "in_doubt":
+            reply = _doc(200, {"accepted": n, "in_doubt": True, "detail": "the process that took the first request "
+                               "with this Idempotency-Key stopped before answering: its reports were published at "
+                               "most once and are not published again"})
+        else:
+            try:
+                reply = await self._publish(items, n)
+            except PublishError as exc:  # some batches are in: keep their slots, answer which
+                reply = self._partial(items, exc)
+                keep = {slot_keys[k] for k in exc.published if k in slot_keys}
+                if adm.record is not None:
+                    keep.add(adm.record)  # the answer below becomes the key's
+                await self._settle(self.ledger.abort(adm, keep))
+            if reply.status == 503:
+                await self._settle(self.ledger.abort(adm))
+                return reply
+        await self._settle(self.ledger.commit(adm, reply.status, reply.body, body_hash))
+        return reply
+
+    async def _publish(self, items: list[SingleReport], n: int) -> Reply:
+        """Publish; 200, or 503 if nothing was published; :class:`PublishError` if only some batches were."""
+        start = time.perf_counter()
+        try:
+            await self.submit(items)
+        except PublishError as exc:
+            if exc.published:
+                raise
+            return self.refuse(503, "unavailable", f"the reports could not be published: {exc.cause}",
+                               (("retry-after", "1"),))
+        except Exception as exc:  # noqa: BLE001 - Kafka unavailable or shutting down
+            return self.refuse(503, "unavailable", f"the reports could not be published: {exc}", (("retry-after", "1"),))
+        self.metrics.publish_seconds.observe(time.perf_counter() - start)
+        if self.metrics.reports_total is not None:
+            for item in items:
+                self.metrics.reports_total.labels(item.campaign.id, item.attribute).inc(len(item.reports))
+        return Reply(200, b'{"accepted":%d}' % n)
+
+    def _partial(self, items: list[SingleReport], exc: PublishError) -> Reply:
+        published = [i for i, it in enumerate(items) if (it.campaign.id, it.attribute, it.t) in exc.published]
+        return self.refuse(502, "partially_published", f"the broker acknowledged only some of the request's batches "
+                           f"({exc.cause}): the reports listed in 'published' are in, resend the others",
+                           published=published, accepted=sum(len(items[i].reports) for i in published))
+
+    @staticmethod
+    async def _settle(op: Awaitable[None]) -> None:
+        """Record an answer or release slots; the answer stands if Redis fails now (a retry then finds the
+        pending record: in progress, then in doubt, never published twice)."""
+        try:
+            await op
+        except RETRYABLE_ERRORS as exc:
+            log.warning("could not settle an idempotency record or rate-limit slots: %s", exc)
