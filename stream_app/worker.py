@@ -19,7 +19,7 @@ Outages (see also :mod:`stream_app.health`):
   the client libraries' repeated errors are rate-limited (:func:`stream_app.health.limit_repeated_logs`);
 * SIGTERM / SIGINT stops the worker within ``shutdown_timeout`` seconds in every state: store calls
   waiting for Redis give up (the message is delivered again after the restart: counted once), the
-  final offset commits, producer flushes and the Kafka consumer's close are bounded (they wait
+  final offset commits, producer flushes, the producer's close and the Kafka consumer's close are bounded (they wait
   forever for an unreachable broker otherwise: :func:`_bound_shutdown_waits`), and a watchdog that the first
   signal arms exits the process (status 1) if the clean stop has not finished by the deadline,
   logging the stack of every thread; a second signal exits at once.
@@ -182,6 +182,7 @@ def _bound_shutdown_waits() -> None:
       ``AIOKafkaConsumer.stop()``, which mode's thread service does not catch: the thread dies without
       signalling its shutdown and Faust waits for it forever. The close gets a deadline and that error
       is swallowed, so the stop goes on.
+    * The producer's close, which flushes every pending send first (:func:`_bounded_producer_stop`).
     """
     from faust.transport.consumer import ThreadDelegateConsumer
     from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread, Producer
@@ -212,6 +213,40 @@ def _bound_shutdown_waits() -> None:
 
     on_thread_stop._ldp_bounded = True  # type: ignore[attr-defined]
     AIOKafkaConsumerThread.on_thread_stop = on_thread_stop  # type: ignore[method-assign]
+    Producer.on_stop = _bounded_producer_stop(Producer.on_stop)  # type: ignore[method-assign]
+
+
+def _shutdown_wait(app: Any) -> float:
+    """How long one shutdown flush may take: :data:`SHUTDOWN_FLUSH_TIMEOUT`, 0.5 s if the health check
+    already knows the broker is unreachable."""
+    pipe = getattr(app, "ldp", None)
+    return 0.5 if pipe is not None and pipe.health.has("kafka") else SHUTDOWN_FLUSH_TIMEOUT
+
+
+def _bounded_producer_stop(on_stop: Callable[..., Any]) -> Callable[..., Any]:
+    """Faust's producer ``on_stop`` with a deadline. aiokafka's ``AIOKafkaProducer.stop()`` first waits for
+    every pending send to be delivered, which retries forever while the broker is unreachable; past the
+    deadline its sender and client are closed without that flush (the estimates it held are published
+    again by the next lease holder)."""
+    async def bounded(self: Any) -> None:
+        kafka = self._producer
+        stopping = asyncio.ensure_future(on_stop(self))
+        timeout = _shutdown_wait(self.app)
+        done, _ = await asyncio.wait({stopping}, timeout=timeout)
+        if done:
+            return stopping.result()
+        stopping.cancel()
+        log.warning("the Kafka producer did not flush within %g s at shutdown (broker unreachable?); "
+                    "closing it without", timeout)
+        if kafka is not None:
+            for close in (kafka._sender.close, kafka.client.close):
+                try:
+                    await asyncio.wait_for(close(), 1.0)
+                except (Exception, asyncio.TimeoutError):  # noqa: BLE001 - shutting down: report and go on
+                    log.warning("closing the Kafka producer failed", exc_info=True)
+        return None
+
+    return bounded
 
 
 def _bounded_at_stop(method: Callable[..., Any], what: str, gave_up: Any) -> Callable[..., Any]:
@@ -229,8 +264,7 @@ def _bounded_at_stop(method: Callable[..., Any], what: str, gave_up: Any) -> Cal
                 continue
             now = time.monotonic()
             stopping_since = stopping_since or now
-            pipe = getattr(app, "ldp", None)
-            timeout = 0.5 if pipe is not None and pipe.health.has("kafka") else SHUTDOWN_FLUSH_TIMEOUT
+            timeout = _shutdown_wait(app)
             if now - stopping_since >= timeout:
                 pending.cancel()
                 log.warning("%s at shutdown within %g s (broker unreachable?)", what, timeout)
