@@ -154,3 +154,51 @@ def test_the_store_on_campaigns_of_three_masters(redis_cluster) -> None:
             for key in (count_key(campaign, attr, 0), count_key(campaign, attr, 1), steps_key(campaign, attr),
                         closed_ts_key(campaign, attr), estimates_key(campaign, attr), latest_key(campaign, attr)):
                 assert _assert_on_its_master(redis_cluster, key) == port
+
+
+async def _ledger_scenario(store: CountStore, campaigns: list[str]) -> None:
+    """Rate-limit slots and idempotency records (the ingest's :class:`RequestLedger`) whose keys spread
+    over every master: claims win once, lose to the holder, expire, settle and replay."""
+    from stream_app.ingest.limits import RequestLedger
+    from stream_app.store import IngestClaim
+
+    ledger = RequestLedger(store, idempotency_seconds=60, lease_seconds=30)
+    slots = [(c, 7, f"slot-{c}".encode(), 60) for c in campaigns]
+    request, body = f"request-{campaigns[0]}".encode().ljust(16, b"."), RequestLedger.body_hash(b"the body")
+    first = await ledger.begin(slots, request, body)
+    assert first.state == "new" and len(first.claimed) == len(slots) + 1
+    assert (await ledger.begin(slots, request, body)).state == "in_progress"
+    assert (await ledger.begin(slots, request, RequestLedger.body_hash(b"other"))).state == "key_reused"
+    late = await ledger.begin(slots[1:], None, body)
+    assert (late.state, late.conflicts) == ("rate_limited", list(range(len(slots) - 1)))
+    await ledger.commit(first, 200, b'{"accepted":3}', body)
+    replay = await ledger.begin(slots, request, body)
+    assert (replay.state, replay.answer) == ("replay", (200, b'{"accepted":3}'))
+    await ledger.abort(first)  # the slots go: the same device may send again
+    again = await ledger.begin(slots, None, body)
+    assert again.state == "new" and again.conflicts == []
+    keys = [f"{{{c}}}:claim:{i}" for i, c in enumerate(campaigns)]
+    won = await store.claim_ingest_keys([IngestClaim(k, b"mine", 60) for k in keys])
+    assert won == [b"mine"] * len(keys)
+    lost = await store.claim_ingest_keys([IngestClaim(k, b"theirs", 60) for k in keys])
+    assert lost == [b"mine"] * len(keys)  # each key's holder
+    await store.settle_ingest_keys([IngestClaim(keys[0], b"done", 60)], keys[1:])
+    assert await store.claim_ingest_keys([IngestClaim(k, b"next", 60) for k in keys]) \
+        == [b"done"] + [b"next"] * (len(keys) - 1)
+
+
+def test_the_ingest_ledger_on_a_cluster_and_on_one_node(redis_cluster, local_stack) -> None:
+    """The ledger's claims run as pipelines on a cluster (keys on three masters) and as one script on one
+    node: the same answers on both."""
+    campaigns = list(_campaigns_on_every_master(redis_cluster).values())
+
+    async def run(url: str, one_node: bool) -> None:
+        store = CountStore.from_url(url)
+        try:
+            assert store._one_node is one_node
+            await _ledger_scenario(store, [f"{c}-{one_node}" for c in campaigns] if one_node else campaigns)
+        finally:
+            await store.close()
+
+    asyncio.run(run(redis_cluster.url, False))
+    asyncio.run(run(local_stack.info.redis_url, True))
