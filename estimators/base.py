@@ -10,6 +10,7 @@ sampled users).
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -60,9 +61,10 @@ class FrequencyProtocol(ABC):
     def params(self) -> dict[str, Any]:
         """Canonical parameters (everything the two sides must agree on)."""
 
-    @property
+    @functools.cached_property
     def fingerprint(self) -> str:
-        """Short hash of :meth:`params`; travels in every batch envelope."""
+        """Short hash of :meth:`params`; travels in every batch envelope (computed once: a protocol's
+        parameters do not change after construction, and the ingest checks it for every report)."""
         blob = json.dumps(self.params(), sort_keys=True, separators=(",", ":")).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
