@@ -90,6 +90,20 @@ def demo(campaign: CAMPAIGN = Path("deploy/campaigns/demo.toml"),
 
 
 @app.command()
+def top(url: Annotated[str, typer.Option(help="A worker's base URL (its web server; `ldp demo` prints it).")]
+        = "http://127.0.0.1:6066",
+        interval: Annotated[float, typer.Option(help="Seconds between polls.")] = 1.0,
+        once: Annotated[bool, typer.Option("--once", help="Print one frame and exit (1 if the worker did not "
+                                                           "answer).")] = False,
+        values: Annotated[int, typer.Option(help="Top values shown per attribute.")] = 3) -> None:
+    """A worker's live figures in the terminal (for SSH sessions): reports/s, rejections, lag, latency, and per
+    attribute the latest histogram, top values and privacy figures."""
+    from .top import run_top
+
+    raise typer.Exit(run_top(url, interval, once, values, console))
+
+
+@app.command()
 def simulate(n: Annotated[int, typer.Option(help="Devices in the simulated fleet.")] = 100_000,
          k: K = 50, steps: Annotated[int, typer.Option(help="Time steps.")] = 5,
          eps: EPS = 1.0, eps_inf: EPS_INF = 2.0, eps_1: EPS_1 = 1.0,

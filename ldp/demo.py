@@ -4,7 +4,8 @@ Stack up (tansu + redis-server on free ports) → stream-app workers (separate p
 simulated fleet publishing one step at a time through :func:`producers.fleet.publish` (reports,
 then a watermark per attribute; its ``on_step`` hook paces the steps and draws the view) → the
 final estimates read back from a worker's HTTP API and shown next to the true histograms,
-with the privacy figures. Everything is stopped on exit, Ctrl-C or SIGTERM.
+with the privacy figures; the first worker's dashboard URL (its built-in page) is printed and stays in the
+view's header. Everything is stopped on exit, Ctrl-C or SIGTERM.
 """
 from __future__ import annotations
 
@@ -96,6 +97,8 @@ def _run(campaign_path: Path, campaign: Campaign, devices: int, steps: int, work
                 p.wait_ready(timeout=120)
         urls = [p.url for p in procs]
         console.print("workers: " + ", ".join(f"{u}/ (dashboard), {u}/metrics" for u in urls))
+        dashboard = f"{urls[0]}/"
+        console.print(f"[bold]dashboard: {dashboard}[/bold] (live: open it in a browser while the demo runs)")
         fleet = Fleet(FleetConfig(campaign, devices, steps, dataset="syn", p_change=0.25, base="zipf",
                                   batch_size=batch, seed=seed))
         truth: dict[tuple[str, int], np.ndarray] = {}
@@ -118,7 +121,7 @@ def _run(campaign_path: Path, campaign: Campaign, devices: int, steps: int, work
                     rate = sent / (time.perf_counter() - t0)
                     header = (f"[bold]ldp-stream demo[/bold] — campaign {campaign.id}: {devices:,} devices, "
                               f"step {t + 1}/{steps}, {sent:,} reports sent ({rate / 1e6:.2f}M/s), "
-                              f"{len(finals)} final estimates")
+                              f"{len(finals)} final estimates · dashboard {dashboard}")
                     live.update(_view(campaign, truth, finals, header, top))
                     await asyncio.sleep(0.25)
 

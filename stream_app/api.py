@@ -2,7 +2,10 @@
 
 Routes (JSON unless said otherwise):
 
-* ``GET /`` - a small self-contained dashboard page (polls the JSON API, draws bars);
+* ``GET /`` - the built-in dashboard page (``stream_app/static``: plain SVG drawn by ``GET /dashboard.js`` from
+  this API and ``/metrics``, polled every second; no network beyond the worker): per attribute the latest
+  histogram with its 95% band next to the previous step, the frequencies over time, the privacy figures, and the
+  worker's operations (reports/s, rejections, lag, estimate latency);
 * ``GET /campaigns`` - campaigns, attributes, protocols, privacy parameters, fingerprints;
 * ``GET /estimates/{campaign}/{attribute}`` - the latest estimate (404 before the first);
 * ``GET /estimates/{campaign}/{attribute}/history`` - the final estimates, by ``t``;
@@ -25,6 +28,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Awaitable, Callable, Mapping
 
 import faust
@@ -43,6 +47,11 @@ from .store import CountStore
 __all__ = ["WORKER_REPORT_LIMITS", "WebContext", "register", "worker_report_handler"]
 
 log = logging.getLogger(__name__)
+
+#: The dashboard page and its script (package data, read once at import).
+STATIC = Path(__file__).with_name("static")
+DASHBOARD_HTML = (STATIC / "index.html").read_text(encoding="utf-8")
+DASHBOARD_JS = (STATIC / "dashboard.js").read_bytes()
 
 #: The worker's POST /reports: bodies up to the web server's 32 MiB (lists of 10k+ reports in open mode).
 WORKER_REPORT_LIMITS = HandlerLimits(max_body_bytes=32 << 20, max_open_reports=1_000_000)
@@ -122,6 +131,11 @@ def register(app: faust.App, web: WebContext) -> None:
     async def dashboard(self: faust.web.View, request: faust.web.Request) -> faust.web.Response:
         return self.html(DASHBOARD_HTML)
 
+    @app.page("/dashboard.js")
+    async def dashboard_js(self: faust.web.View, request: faust.web.Request) -> faust.web.Response:
+        return self.bytes(DASHBOARD_JS, content_type="application/javascript",
+                          headers={"Cache-Control": "no-cache"})
+
     @app.page("/campaigns")
     async def campaigns(self: faust.web.View, request: faust.web.Request) -> faust.web.Response:
         return self.json({"campaigns": [campaign_doc(c) for c in web.campaigns.values()]})
@@ -179,59 +193,3 @@ def register(app: faust.App, web: WebContext) -> None:
             reply = await reports_handler.handle(request.headers, read)
             return self.bytes(reply.body, content_type="application/json", status=reply.status,
                               headers=dict(reply.headers) or None)
-
-
-DASHBOARD_HTML = """<!doctype html>
-<html><head><meta charset="utf-8"><title>ldp-stream</title>
-<style>
-body{font:14px system-ui,sans-serif;margin:1.5em;color:#222;background:#fafafa}
-h1{font-size:1.3em} h2{font-size:1.05em;margin:1.4em 0 .3em}
-.meta{color:#555;font-size:.9em;margin-bottom:.4em}
-.hist{display:flex;align-items:flex-end;height:140px;gap:1px;border-bottom:1px solid #999;
-      background:#fff;padding:4px;position:relative}
-.col{flex:1;position:relative;height:100%;min-width:1px}
-.bar{position:absolute;bottom:0;left:0;right:0;background:#3b7dd8}
-.ci{position:absolute;left:50%;width:2px;margin-left:-1px;background:#d33;opacity:.7}
-.lab{display:flex;gap:1px;font-size:9px;color:#666;overflow:hidden;height:1.2em;padding:0 4px}
-.lab span{flex:1;text-align:center;overflow:hidden;min-width:1px}
-.final{color:#080} .open{color:#b60}
-</style></head><body>
-<h1>ldp-stream: live estimates</h1><div id="status" class="meta">loading...</div><div id="root"></div>
-<script>
-const root=document.getElementById('root'), status=document.getElementById('status');
-let campaigns=[];
-function fmt(x,d){return x===null||x===undefined?'&infin;':Number(x).toFixed(d)}
-async function getJSON(u){const r=await fetch(u);if(!r.ok)return null;return r.json()}
-function draw(a,c,e){
-  const id='a-'+c.id+'-'+a.name; let box=document.getElementById(id);
-  if(!box){box=document.createElement('div');box.id=id;root.appendChild(box)}
-  if(!e){box.innerHTML='<h2>'+c.id+' / '+a.name+' ('+a.protocol+', k='+a.k+')</h2><div class="meta">no estimate yet</div>';return}
-  const f=e.frequencies_norm_sub||[], h=e.ci95_halfwidth||0;
-  const top=Math.max(1e-9,...f.map(x=>x+h));
-  let bars='';
-  f.forEach((x,j)=>{const lo=Math.max(0,x-h),hi=x+h;
-    bars+='<div class="col" title="'+(a.labels?a.labels[j]:j)+': '+x.toFixed(4)+'">'+
-      '<div class="bar" style="height:'+(100*x/top)+'%"></div>'+
-      '<div class="ci" style="bottom:'+(100*lo/top)+'%;height:'+(100*(hi-lo)/top)+'%"></div></div>'});
-  let labs='';
-  if(f.length<=40) f.forEach((x,j)=>{labs+='<span>'+(a.labels?a.labels[j]:j)+'</span>'});
-  box.innerHTML='<h2>'+c.id+' / '+a.name+' ('+a.protocol+', k='+a.k+')</h2>'+
-    '<div class="meta">t='+e.t+' <b class="'+(e.final?'final':'open')+'">'+(e.final?'final':'open')+'</b>'+
-    ' &middot; n='+e.n+' &middot; &plusmn;'+fmt(h,4)+' (95%)'+
-    ' &middot; &epsilon;<sub>1</sub>='+fmt(e.eps_1,2)+' &epsilon;<sub>&infin;</sub>='+fmt(e.eps_inf,2)+
-    ' &middot; worst longitudinal &epsilon; so far='+fmt(e.eps_longitudinal_worst,2)+
-    ' &middot; updated '+new Date(e.updated_at*1000).toLocaleTimeString()+'</div>'+
-    '<div class="hist">'+bars+'</div><div class="lab">'+labs+'</div>';
-}
-async function poll(){
-  try{
-    if(!campaigns.length){const d=await getJSON('campaigns');campaigns=d?d.campaigns:[]}
-    for(const c of campaigns) for(const a of c.attributes)
-      draw(a,c,await getJSON('estimates/'+encodeURIComponent(c.id)+'/'+encodeURIComponent(a.name)));
-    status.textContent='updated '+new Date().toLocaleTimeString()+' (norm-sub frequencies, red: 95% interval)';
-  }catch(err){status.textContent='error: '+err}
-  setTimeout(poll,1000);
-}
-poll();
-</script></body></html>
-"""

@@ -107,6 +107,9 @@ class Pipeline:
         self._estimator: Estimator | None = None
         self._lag_children: dict[int, tuple[Any, Any]] = {}
         self._ca_children: dict[tuple[str, str], tuple[Any, Any, Any]] = {}
+        for c in campaigns.values():  # the per-attribute counters exist (at 0) from the start: no missing series
+            for attribute in c.attributes:
+                self._ca(c.id, attribute)
 
     # ------------------------------------------------------------------ lazily bound to the loop
     @property

@@ -2,7 +2,8 @@
 in one process, e.g. in tests).
 
 Counters (``ldp_reports_total``, ``ldp_rejected_batches_total``) are per worker: Prometheus sums
-them over the instances of a consumer group. The estimate gauges (frequencies, step ``n``,
+them over the instances of a consumer group. Their series of every known label value (the rejection reasons,
+the campaigns' attributes) exist at 0 from the start, so ``rate``/``increase`` see their first increment. The estimate gauges (frequencies, step ``n``,
 privacy figures, estimate latency) are written only by the worker that holds the estimator lease
 (see :mod:`stream_app.windows`), so exactly one instance exports them at a time.
 """
@@ -12,6 +13,8 @@ import time
 from collections import deque
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from wire.errors import REASONS
 
 __all__ = ["CONTENT_TYPE", "Metrics"]
 
@@ -45,12 +48,14 @@ class Metrics:
         self.watermarks_total = Counter("ldp_watermarks_total", "Watermarks applied.", ca, registry=r)
         self.rejected_total = Counter("ldp_rejected_batches_total", "Batches (or HTTP reports) rejected, by reason.",
                                       ["reason"], registry=r)
+        for reason in REASONS:  # every reason's series exists from the start: increase() sees the first rejection
+            self.rejected_total.labels(reason)
         self.http_reports_total = Counter("ldp_http_reports_total", "Single reports accepted by POST /reports.",
                                           ca, registry=r)
         self.reports_per_second = Gauge("ldp_reports_per_second",
                                         f"Reports counted per second by this worker ({rate_window:g} s window).",
                                         registry=r)
-        self.consumer_lag = Gauge("ldp_consumer_lag", "Messages behind the partition high-water mark.",
+        self.consumer_lag = Gauge("ldp_consumer_lag_messages", "Messages behind the partition high-water mark.",
                                   ["partition"], registry=r)
         self.consumer_lag_seconds = Gauge("ldp_consumer_lag_seconds",
                                           "Processing time minus produce timestamp of the last batch.",

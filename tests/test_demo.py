@@ -1,11 +1,14 @@
-"""`ldp demo` stops everything it started on SIGTERM, as on Ctrl-C (no tansu, Redis or worker left)."""
+"""`ldp demo` prints its dashboard URL (the page answers) and stops everything it started on SIGTERM, as on
+Ctrl-C (no tansu, Redis or worker left)."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -48,10 +51,14 @@ def test_demo_cleans_up_on_sigterm(tmp_path):
                                 stderr=subprocess.STDOUT, env={**os.environ, "COLUMNS": "120"})
     try:
         deadline = time.monotonic() + 180
-        while "workers:" not in log.read_text() and time.monotonic() < deadline:
+        while "dashboard: http" not in log.read_text() and time.monotonic() < deadline:
             assert demo.poll() is None, log.read_text()
             time.sleep(0.5)
         assert "workers:" in log.read_text(), log.read_text()
+        # the printed dashboard URL serves the built-in page
+        url = re.search(r"dashboard: (http://\S+/)", log.read_text()).group(1)
+        with urllib.request.urlopen(url, timeout=10) as page:
+            assert page.status == 200 and b"dashboard.js" in page.read()
         started = _children(demo.pid)
         assert len(started) >= 3  # tansu, redis-server, a worker (at least)
         demo.send_signal(signal.SIGTERM)

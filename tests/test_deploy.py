@@ -26,7 +26,7 @@ DASHBOARD = DEPLOY / "grafana" / "dashboards" / "ldp-stream.json"
 # The metrics the issue asks the dashboard to show (names as Prometheus sees them).
 CONTRACT_METRICS = {
     "ldp_estimated_frequency", "ldp_reports_total", "ldp_reports_per_second", "ldp_step_reports",
-    "ldp_rejected_batches_total", "ldp_consumer_lag", "ldp_eps_first", "ldp_eps_inf",
+    "ldp_rejected_batches_total", "ldp_consumer_lag_messages", "ldp_eps_first", "ldp_eps_inf",
     "ldp_eps_longitudinal_worst", "ldp_estimate_latency_seconds",
 }
 # Series Prometheus itself adds to every scrape (allowed in the dashboard besides ldp_*).

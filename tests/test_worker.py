@@ -196,7 +196,7 @@ def test_counts_exact_and_final_estimates(env):
     assert metric(text, "ldp_estimated_frequency", campaign=c.id, attribute="app_version", value=str(top)) == \
         pytest.approx(finals[("app_version", 1)]["frequencies"][top])
     assert metric(text, "ldp_estimate_latency_seconds_count", trigger="watermark") >= len(fleet)
-    assert "ldp_consumer_lag{" in text and "ldp_reports_per_second" in text
+    assert "ldp_consumer_lag_messages{" in text and "ldp_reports_per_second" in text
 
 
 def test_rejected_batches_leave_counts_unchanged(env):
@@ -319,7 +319,9 @@ def test_http_reports(env):
 def test_campaigns_dashboard_and_errors(env):
     c = env.campaign
     status, page = http("GET", f"{env.worker.url}/")
-    assert status == 200 and "<html" in page and "estimates/" in page
+    assert status == 200 and "<html" in page and 'src="dashboard.js"' in page
+    status, script = http("GET", f"{env.worker.url}/dashboard.js")  # the page's script, served by the worker
+    assert status == 200 and "estimates/" in script and "metrics" in script
     status, doc = http("GET", f"{env.worker.url}/campaigns")
     assert status == 200
     (cd,) = [x for x in doc["campaigns"] if x["id"] == c.id]

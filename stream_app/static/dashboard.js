@@ -1,0 +1,287 @@
+// ldp-stream built-in dashboard: plain SVG charts from the worker's own API (no library, no network beyond
+// this worker). Polls every second: GET campaigns (once), estimates/{c}/{a} and .../history per attribute,
+// metrics (Prometheus text: reports/s, rejections, lag) and status.
+// Every chart is a <figure data-chart=... data-attribute=... data-points=N>; <body data-ready="true"> once
+// every chart has data (the browser test waits for it).
+'use strict';
+
+const SVG = 'http://www.w3.org/2000/svg';
+const POLL_MS = 1000, OPS_KEEP = 600, HEAT_STEPS = 48;
+const PALETTE = ['#2f6fdb', '#e8833a', '#3fa34d', '#c4314b', '#8e6bd1', '#1fa3a3', '#b8860b', '#d16ba5'];
+const ops = [];  // samples of /metrics: {time, rps, rejected: {reason: n}, lag}
+let campaigns = null;
+
+// ------------------------------------------------------------------ small helpers
+function svgEl(tag, attrs, parent) {
+  const e = document.createElementNS(SVG, tag);
+  for (const [k, v] of Object.entries(attrs || {})) e.setAttribute(k, v);
+  if (parent) parent.appendChild(e);
+  return e;
+}
+function htmlEl(tag, attrs, parent, text) {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) e.setAttribute(k, v);
+  if (text !== undefined) e.textContent = text;
+  if (parent) parent.appendChild(e);
+  return e;
+}
+async function getJSON(url) {
+  const r = await fetch(url, {cache: 'no-store'});
+  return r.ok ? r.json() : null;
+}
+function fmt(x, digits) {
+  if (x === null || x === undefined || !isFinite(x)) return '∞';
+  const a = Math.abs(x);
+  if (a >= 1e6) return (x / 1e6).toFixed(1) + 'M';
+  if (a >= 1e4) return (x / 1e3).toFixed(0) + 'k';
+  if (a >= 1e3) return (x / 1e3).toFixed(1) + 'k';
+  return Number(x).toFixed(digits === undefined ? (a >= 10 ? 0 : a >= 1 ? 1 : 3) : digits);
+}
+function niceTicks(lo, hi, count) {
+  if (!(hi > lo)) return [lo];
+  const raw = (hi - lo) / count, mag = Math.pow(10, Math.floor(Math.log10(raw)));
+  const step = [1, 2, 5, 10].map(m => m * mag).find(s => s >= raw);
+  const out = [];
+  for (let v = Math.ceil(lo / step) * step; v <= hi + step * 1e-9; v += step) out.push(Math.abs(v) < step * 1e-9 ? 0 : v);
+  return out;
+}
+function tickFormat(ticks) {  // as many decimals as the tick spacing needs
+  const step = ticks.length > 1 ? Math.abs(ticks[1] - ticks[0]) : Math.abs(ticks[0]) || 1;
+  const decimals = Math.max(0, Math.min(6, -Math.floor(Math.log10(step) + 1e-9)));
+  return v => (Math.abs(v) >= 1e4 ? fmt(v) : v.toFixed(decimals));
+}
+function clock(t) { return new Date(t * 1000).toLocaleTimeString([], {hour12: false}); }
+
+// a panel: <figure> with caption, note, svg and legend; reused across polls (keyed by id)
+function panel(parent, id, title, chart, attribute) {
+  let fig = document.getElementById(id);
+  if (!fig) {
+    fig = htmlEl('figure', {id, class: 'chart', 'data-chart': chart, 'data-points': '0'}, parent);
+    if (attribute) fig.dataset.attribute = attribute;
+    const cap = htmlEl('figcaption', {}, fig);
+    htmlEl('span', {class: 'title'}, cap, title);
+    htmlEl('span', {class: 'note'}, cap);
+    svgEl('svg', {viewBox: '0 0 420 190', preserveAspectRatio: 'xMidYMid meet', role: 'img'}, fig);
+    htmlEl('div', {class: 'legend'}, fig);
+  }
+  return fig;
+}
+function reset(fig, points, note) {
+  const svg = fig.querySelector('svg');
+  svg.replaceChildren();
+  fig.dataset.points = String(points);
+  fig.querySelector('.note').textContent = note || '';
+  fig.querySelector('.legend').replaceChildren();
+  if (!points) svgEl('text', {x: 210, y: 95, 'text-anchor': 'middle', class: 'empty'}, svg).textContent = 'waiting for data…';
+  return svg;
+}
+function legend(fig, items) {
+  const box = fig.querySelector('.legend');
+  for (const [name, color] of items) {
+    const s = htmlEl('span', {}, box);
+    htmlEl('i', {style: `background:${color}`}, s);
+    s.appendChild(document.createTextNode(name));
+  }
+}
+
+// axes in a 420x190 view box; returns the scales
+function frame(svg, xlo, xhi, ylo, yhi, opts) {
+  const o = Object.assign({left: 44, right: 8, top: 8, bottom: 22, xfmt: v => fmt(v)}, opts);
+  const W = 420 - o.left - o.right, H = 190 - o.top - o.bottom;
+  if (!(xhi > xlo)) { xlo -= 0.5; xhi += 0.5; }
+  if (!(yhi > ylo)) { yhi = ylo + (Math.abs(ylo) || 1); }
+  const x = v => o.left + (v - xlo) / (xhi - xlo) * W;
+  const y = v => o.top + H - (v - ylo) / (yhi - ylo) * H;
+  const g = svgEl('g', {class: 'grid'}, svg), yt = niceTicks(ylo, yhi, 4), yfmt = o.yfmt || tickFormat(yt);
+  for (const v of yt) {
+    svgEl('line', {x1: o.left, x2: o.left + W, y1: y(v), y2: y(v)}, g);
+    svgEl('text', {x: o.left - 4, y: y(v) + 3, 'text-anchor': 'end'}, g).textContent = yfmt(v);
+  }
+  const xt = o.xticks || niceTicks(xlo, xhi, 5);
+  for (const v of xt) {
+    svgEl('line', {x1: x(v), x2: x(v), y1: o.top + H, y2: o.top + H + 3}, g);
+    svgEl('text', {x: x(v), y: o.top + H + 14, 'text-anchor': 'middle'}, g).textContent = o.xfmt(v);
+  }
+  svgEl('line', {x1: o.left, x2: o.left + W, y1: o.top + H, y2: o.top + H, stroke: '#9aa5b1'}, svg);
+  return {x, y, W, H, o};
+}
+
+// series: [{name, color, points: [[x, y], ...], dash}]
+function lineChart(fig, series, note, opts) {
+  series = series.filter(s => s.points.length);
+  const pts = series.flatMap(s => s.points);
+  const svg = reset(fig, pts.length, note);
+  if (!pts.length) return;
+  const xs = pts.map(p => p[0]), ys = pts.map(p => p[1]);
+  const o = Object.assign({ymin: Math.min(0, ...ys)}, opts);
+  const sc = frame(svg, Math.min(...xs), Math.max(...xs), o.ymin, Math.max(...ys) * 1.08 || 1, o);
+  for (const s of series) {
+    const d = s.points.map((p, i) => (i ? 'L' : 'M') + sc.x(p[0]).toFixed(1) + ',' + sc.y(p[1]).toFixed(1)).join('');
+    if (o.area && series.length === 1) {
+      svgEl('path', {d: d + `L${sc.x(s.points[s.points.length - 1][0])},${sc.y(o.ymin)}L${sc.x(s.points[0][0])},${sc.y(o.ymin)}Z`,
+                     fill: s.color, 'fill-opacity': 0.12, stroke: 'none'}, svg);
+    }
+    svgEl('path', {d, fill: 'none', stroke: s.color, 'stroke-width': 1.8, 'stroke-dasharray': s.dash || ''}, svg);
+    if (s.points.length < 30) for (const p of s.points) svgEl('circle', {cx: sc.x(p[0]), cy: sc.y(p[1]), r: 2.2, fill: s.color}, svg);
+  }
+  legend(fig, series.map(s => [s.name, s.color]));
+}
+
+// the latest estimate: bars with the 95% band, the previous step as a line over them
+function histogramChart(fig, attr, latest, previous) {
+  const f = (latest && latest.frequencies_norm_sub) || [];
+  const svg = reset(fig, f.length, latest ? `t=${latest.t} ${latest.final ? 'final' : 'open'} · n=${fmt(latest.n)}` : '');
+  fig.dataset.t = latest ? String(latest.t) : '';
+  fig.dataset.previousT = previous ? String(previous.t) : '';
+  if (!f.length) return;
+  const h = latest.ci95_halfwidth || 0, prev = (previous && previous.frequencies_norm_sub) || [];
+  const top = Math.max(...f.map(v => v + h), ...prev) * 1.05;
+  const k = f.length, labels = attr.labels;
+  const xticks = niceTicks(0, k - 1, 6).filter(v => Number.isInteger(v));
+  const sc = frame(svg, -0.5, k - 0.5, 0, top, {xticks, xfmt: v => labels ? labels[v] : String(v)});
+  const bw = sc.W / k;
+  const band = svgEl('g', {}, svg), bars = svgEl('g', {}, svg);
+  f.forEach((v, j) => {
+    const x0 = sc.x(j - 0.5);
+    svgEl('rect', {x: x0 + bw * 0.08, width: Math.max(bw * 0.84, 0.6), y: sc.y(v), height: Math.max(sc.y(0) - sc.y(v), 0),
+                   fill: '#2f6fdb', 'fill-opacity': 0.85}, bars);
+    if (h > 0) svgEl('rect', {x: x0, width: Math.max(bw, 0.6), y: sc.y(v + h), height: sc.y(Math.max(v - h, 0)) - sc.y(v + h),
+                              fill: '#f0a04b', 'fill-opacity': 0.35}, band);
+  });
+  if (prev.length === k) {
+    const d = prev.map((v, j) => `${j ? 'L' : 'M'}${sc.x(j - 0.5).toFixed(1)},${sc.y(v).toFixed(1)}H${sc.x(j + 0.5).toFixed(1)}`).join('');
+    svgEl('path', {d, fill: 'none', stroke: '#102a43', 'stroke-width': 1.1, 'stroke-opacity': 0.8}, svg);
+  }
+  const items = [[`step ${latest.t}`, '#2f6fdb'], [`95% band (±${fmt(h, 4)})`, '#f0a04b']];
+  if (prev.length === k) items.push([`previous step ${previous.t}`, '#102a43']);
+  legend(fig, items);
+}
+
+// value x step heatmap of the final estimates (norm-sub frequencies)
+function heatColor(u) {  // viridis-like ramp, u in [0, 1]
+  const stops = [[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]];
+  const p = Math.min(Math.max(u, 0), 1) * (stops.length - 1), i = Math.min(Math.floor(p), stops.length - 2), w = p - i;
+  const c = stops[i].map((a, j) => Math.round(a + (stops[i + 1][j] - a) * w));
+  return `rgb(${c[0]},${c[1]},${c[2]})`;
+}
+function heatmapChart(fig, attr, finals) {
+  finals = finals.filter(d => d.frequencies_norm_sub).slice(-HEAT_STEPS);
+  const svg = reset(fig, finals.length, finals.length ? `steps ${finals[0].t}–${finals[finals.length - 1].t}` : '');
+  if (!finals.length) return;
+  const k = attr.k, ts = finals.map(d => d.t);
+  const vmax = Math.max(1e-9, ...finals.flatMap(d => d.frequencies_norm_sub));
+  const sc = frame(svg, ts[0] - 0.5, ts[ts.length - 1] + 0.5, -0.5, k - 0.5,
+                   {xticks: niceTicks(ts[0], ts[ts.length - 1], 6).filter(Number.isInteger), xfmt: v => 't' + v,
+                    yfmt: v => (attr.labels ? attr.labels[Math.round(v)] : String(Math.round(v))) || ''});
+  const cw = sc.W / ts.length, ch = sc.H / k;
+  const g = svgEl('g', {'shape-rendering': 'crispEdges'}, svg);
+  finals.forEach((d, i) => d.frequencies_norm_sub.forEach((v, j) => {
+    svgEl('rect', {x: sc.x(d.t - 0.5), width: cw + 0.3, y: sc.y(j + 0.5), height: ch + 0.3, fill: heatColor(Math.sqrt(v / vmax))}, g);
+  }));
+  legend(fig, [[`0`, heatColor(0)], [`${fmt(vmax / 4, 3)}`, heatColor(0.5)], [`${fmt(vmax, 3)} (√ scale)`, heatColor(1)]]);
+}
+
+function privacyChart(fig, finals, latest) {
+  const pick = key => finals.filter(d => d[key] !== null && d[key] !== undefined).map(d => [d.t, d[key]]);
+  const bound = latest && latest.eps_longitudinal_bound;
+  lineChart(fig, [
+    {name: 'worst-case longitudinal ε', color: '#c4314b', points: pick('eps_longitudinal_worst')},
+    {name: 'ε∞ (memoized value)', color: '#2f6fdb', points: pick('eps_inf'), dash: '5 3'},
+    {name: 'ε1 (first report)', color: '#3fa34d', points: pick('eps_1'), dash: '2 2'},
+  ], latest ? `bound ${bound === null || bound === undefined ? '∞' : fmt(bound, 2)}` : '', {xfmt: v => 't' + v});
+}
+
+// ------------------------------------------------------------------ /metrics
+function parseMetrics(text) {
+  const out = {};
+  for (const line of text.split('\n')) {
+    if (!line || line[0] === '#') continue;
+    const m = line.match(/^([A-Za-z_:][\w:]*)(?:\{(.*)\})?\s+(\S+)/);
+    if (!m) continue;
+    const labels = {};
+    for (const p of (m[2] || '').matchAll(/(\w+)="((?:[^"\\]|\\.)*)"/g)) labels[p[1]] = p[2];
+    (out[m[1]] = out[m[1]] || []).push({labels, value: parseFloat(m[3])});
+  }
+  return out;
+}
+const total = (series) => (series || []).reduce((s, x) => s + x.value, 0);
+
+async function sampleOps() {
+  const r = await fetch('metrics', {cache: 'no-store'});
+  if (!r.ok) return;
+  const m = parseMetrics(await r.text()), rejected = {};
+  for (const s of m.ldp_rejected_batches_total || []) rejected[s.labels.reason] = (rejected[s.labels.reason] || 0) + s.value;
+  ops.push({time: Date.now() / 1000, rps: total(m.ldp_reports_per_second), rejected,
+            lag: total(m.ldp_consumer_lag_messages), reports: total(m.ldp_reports_total)});
+  if (ops.length > OPS_KEEP) ops.shift();
+}
+
+function drawOps(histories) {
+  const root = document.getElementById('ops');
+  const tfmt = v => clock(v);
+  const last = ops[ops.length - 1];
+  lineChart(panel(root, 'ops-rps', 'Reports/s', 'reports_per_second'),
+            [{name: 'reports/s (this worker, 5 s window)', color: PALETTE[0], points: ops.map(s => [s.time, s.rps])}],
+            last ? `${fmt(last.reports)} counted` : '', {xfmt: tfmt, area: true});
+  const reasons = [...new Set(ops.flatMap(s => Object.keys(s.rejected)))].sort();
+  const shown = reasons.filter(r => last && last.rejected[r] > 0);
+  const rejSeries = [{name: 'all reasons', color: '#616e7c', points: ops.map(s => [s.time, Object.values(s.rejected).reduce((a, b) => a + b, 0)])}];
+  shown.forEach((r, i) => rejSeries.push({name: r, color: PALETTE[(i + 3) % PALETTE.length], points: ops.map(s => [s.time, s.rejected[r] || 0]), dash: '4 2'}));
+  lineChart(panel(root, 'ops-rejected', 'Rejected batches (cumulative, by reason)', 'rejections'), rejSeries,
+            last ? `${fmt(rejSeries[0].points[rejSeries[0].points.length - 1][1], 0)} total` : '', {xfmt: tfmt});
+  lineChart(panel(root, 'ops-lag', 'Consumer lag (messages)', 'consumer_lag'),
+            [{name: 'messages behind the high-water marks', color: PALETTE[1], points: ops.map(s => [s.time, s.lag])}],
+            last ? `now ${fmt(last.lag, 0)}` : '', {xfmt: tfmt, area: true});
+  const lat = Object.entries(histories).map(([name, finals], i) => ({
+    name, color: PALETTE[i % PALETTE.length],
+    points: finals.filter(d => d.latency_seconds !== null && d.latency_seconds !== undefined).map(d => [d.t, d.latency_seconds])}));
+  lineChart(panel(root, 'ops-latency', 'Estimate latency (s, final estimates)', 'estimate_latency'), lat, '',
+            {xfmt: v => 't' + v});
+}
+
+// ------------------------------------------------------------------ one poll
+async function poll() {
+  const status = document.getElementById('status');
+  try {
+    if (!campaigns) campaigns = ((await getJSON('campaigns')) || {campaigns: null}).campaigns;
+    await sampleOps();
+    const st = await getJSON('status');
+    if (st) document.getElementById('worker').textContent =
+      `worker ${st.worker_id} · partitions [${(st.assigned || []).join(', ')}]${st.estimator_leader ? ' · estimator' : ''}` +
+      (st.healthy ? '' : ` · problems: ${(st.problems || []).map(p => p.problem || p).join(', ')}`);
+    const histories = {}, root = document.getElementById('attributes');
+    for (const c of campaigns || []) {
+      for (const a of c.attributes) {
+        const base = `estimates/${encodeURIComponent(c.id)}/${encodeURIComponent(a.name)}`;
+        const [latest, hist] = await Promise.all([getJSON(base), getJSON(base + '/history')]);
+        const finals = (hist && hist.estimates || []).filter(d => d.final).sort((p, q) => p.t - q.t);
+        histories[campaigns.length > 1 ? `${c.id}/${a.name}` : a.name] = finals;
+        const key = `${c.id}-${a.name}`.replace(/[^\w-]/g, '_');
+        let section = document.getElementById('attr-' + key);
+        if (!section) {
+          section = htmlEl('section', {id: 'attr-' + key, 'data-attribute': a.name}, root);
+          const h = htmlEl('h2', {}, section, `${c.id} / ${a.name}`);
+          htmlEl('span', {class: 'sub'}, h,
+                 `${a.protocol}, k=${a.k} · ε1=${fmt(a.eps_1, 2)} · ε∞=${fmt(a.eps_inf, 2)} · longitudinal bound ${fmt(a.eps_longitudinal_bound, 2)}`);
+          htmlEl('div', {class: 'row attr'}, section);
+        }
+        const row = section.querySelector('.row');
+        const previous = latest ? finals.filter(d => d.t < latest.t).pop() : undefined;
+        histogramChart(panel(row, 'hist-' + key, 'Latest histogram, 95% band, previous step', 'histogram', a.name), a, latest, previous);
+        heatmapChart(panel(row, 'heat-' + key, 'Estimated frequencies over time', 'heatmap', a.name), a, finals);
+        privacyChart(panel(row, 'priv-' + key, 'Privacy loss over time', 'privacy', a.name), finals, latest);
+      }
+    }
+    drawOps(histories);
+    const charts = [...document.querySelectorAll('figure.chart')];
+    const ready = !!campaigns && charts.length > 0 && charts.every(f => Number(f.dataset.points) > 0) && ops.length >= 2;
+    document.body.dataset.ready = String(ready);
+    status.classList.remove('status-bad');
+    status.textContent = `updated ${clock(Date.now() / 1000)} · frequencies after norm-sub · ${(campaigns || []).length} campaign(s)`;
+  } catch (err) {
+    status.classList.add('status-bad');
+    status.textContent = 'error: ' + err;
+  }
+  setTimeout(poll, POLL_MS);
+}
+poll();
