@@ -33,7 +33,7 @@ CONTRACT_METRICS = {
 PROMETHEUS_SERIES = {"up", "scrape_duration_seconds", "scrape_samples_scraped"}
 GRAFANA_BUILTIN_VARS = {"__rate_interval", "__interval", "__interval_ms", "__range", "__range_s",
                         "__range_ms", "__from", "__to", "__dashboard", "__name"}
-SERVICES = {"kafka", "kafka-init", "redis", "worker", "producer", "prometheus", "grafana"}
+SERVICES = {"kafka", "kafka-init", "redis", "worker", "ingest", "producer", "prometheus", "grafana"}
 
 
 # ----------------------------------------------------------------------------- loading
@@ -193,7 +193,7 @@ def test_compose_services_and_dependencies(services: dict[str, dict[str, Any]]) 
                 assert services[dep].get("restart") == "no", f"{dep} is a one-shot job: restart must be 'no'"
             else:
                 assert cond == "service_started", f"{name} -> {dep}: unknown condition {cond}"
-    for name in ("kafka", "redis", "worker", "prometheus", "grafana"):
+    for name in ("kafka", "redis", "worker", "ingest", "prometheus", "grafana"):
         assert "healthcheck" in services[name], f"{name} has no healthcheck"
     # the workers wait for their topics and for Redis; Grafana for Prometheus
     assert services["worker"]["depends_on"]["kafka-init"]["condition"] == "service_completed_successfully"
@@ -259,7 +259,7 @@ def test_compose_commands_match_the_cli(services: dict[str, dict[str, Any]]) -> 
     from ldp.cli import app
 
     group = typer.main.get_command(app)
-    for name in ("worker", "producer"):
+    for name in ("worker", "ingest", "producer"):
         argv = _command(services[name])
         cmd = group.commands.get(argv[0])  # type: ignore[attr-defined]
         assert cmd is not None, f"`ldp {argv[0]}` (run by the {name} service) is not a command of ldp.cli"
@@ -285,6 +285,9 @@ def test_prometheus_scrapes_every_worker(services: dict[str, dict[str, Any]], pr
             for target in c["targets"]:
                 host, _ = _host_port(target)
                 assert host in services or host == "localhost", f"static target {target} is not a compose service"
+    ingest = jobs["ldp-ingest"]  # every ingest replica, by DNS, on the port it serves
+    ingest_port = int(_options(_command(services["ingest"]))["--port"])
+    assert [(n, c["type"], c["port"]) for c in ingest["dns_sd_configs"] for n in c["names"]] == [("ingest", "A", ingest_port)]
     mounts = _bind_mounts(services["prometheus"])
     assert mounts["/etc/prometheus/prometheus.yml"] == (DEPLOY / "prometheus" / "prometheus.yml").resolve()
     assert "--config.file=/etc/prometheus/prometheus.yml" in services["prometheus"]["command"]

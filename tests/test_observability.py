@@ -120,7 +120,7 @@ def pipeline(local_stack, tmp_path_factory, prometheus_bin) -> Iterator[SimpleNa
         worker.wait_ready(timeout=90)
         host = worker.url.removeprefix("http://")
         config = render_config({WORKER_JOB: [host], "prometheus": ["self"], INGEST_JOB: [f"127.0.0.1:{ingest_port}"]},
-                               scrape_interval=f"{SCRAPE:g}s", extra_jobs={INGEST_JOB: "/metrics"})
+                               scrape_interval=f"{SCRAPE:g}s")
         prom.start(config)
         wait_until(prom.targets, lambda ts: len(ts) == 3 and all(t["health"] == "up" for t in ts), 60.0,
                    "every target up", lambda ts: str([(t["job"], t["health"], t.get("lastError")) for t in ts or []]))
