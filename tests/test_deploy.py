@@ -139,19 +139,24 @@ def _exprs(dashboard: dict[str, Any]) -> list[str]:
 
 # ----------------------------------------------------------------------------- what the app exports
 def exported_metric_names() -> set[str]:
-    """Series names the stream app exposes on /metrics.
+    """Series names the stream app (workers and ingest) exposes on /metrics.
 
     ``stream_app.metrics.METRIC_NAMES`` when the module defines it; otherwise the names are read
     from the registry of a fresh ``stream_app.metrics.Metrics()`` (counter ``x`` -> ``x_total``,
     histogram ``x`` -> ``x_bucket``/``x_sum``/``x_count``), i.e. from the code itself.
     """
+    from prometheus_client import CollectorRegistry
+
     import stream_app.metrics as metrics_mod
+    from stream_app.ingest.metrics import IngestMetrics
 
     names = getattr(metrics_mod, "METRIC_NAMES", None)
     if names is not None:
         return set(names)
     out: set[str] = set()
-    for fam in metrics_mod.Metrics().registry.collect():
+    ingest = CollectorRegistry()
+    IngestMetrics(ingest)  # the ingest service's own series (job ldp-ingest)
+    for fam in [*metrics_mod.Metrics().registry.collect(), *ingest.collect()]:
         if fam.type == "counter":
             out.add(fam.name + "_total")
         elif fam.type == "histogram":

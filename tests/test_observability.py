@@ -125,18 +125,19 @@ def pipeline(local_stack, tmp_path_factory, prometheus_bin) -> Iterator[SimpleNa
         wait_until(prom.targets, lambda ts: len(ts) == 3 and all(t["health"] == "up" for t in ts), 60.0,
                    "every target up", lambda ts: str([(t["job"], t["health"], t.get("lastError")) for t in ts or []]))
         started = time.time()
-        summary = asyncio.run(publish(
-            FleetConfig(campaign, DEVICES, STEPS, dataset="syn", p_change=0.25, base="zipf", batch_size=5_000,
-                        seed=12, rate=RATE), info.kafka_bootstrap, topic=topics.reports, partitions=2))
-        # one batch that does not validate: a rejection, by reason
-        produce_messages(info.kafka_bootstrap, topics.reports, [(b"0:app_version", b"not an envelope")])
-        # three reports through the ingest service, one of them refused
+        # two requests to the ingest service, one of them refused: first, so that the ingest's series have
+        # samples over most of the run (a rate needs two in its window)
         proto = campaign.attribute("app_version").protocol
         reports = proto.randomize(np.array([1, 2]), np.random.default_rng(3), state=proto.new_state(2))
         docs = [{"campaign": campaign.id, "attribute": "app_version",
                  "payload": base64.b64encode(proto.encode(reports[i:i + 1])).decode()} for i in range(2)]
         assert _post_json(f"{ingest_url}/reports", docs) == 200, ingest_log.name
         assert _post_json(f"{ingest_url}/reports", {"campaign": campaign.id, "attribute": "nope"}) == 400
+        summary = asyncio.run(publish(
+            FleetConfig(campaign, DEVICES, STEPS, dataset="syn", p_change=0.25, base="zipf", batch_size=5_000,
+                        seed=12, rate=RATE), info.kafka_bootstrap, topic=topics.reports, partitions=2))
+        # one batch that does not validate: a rejection, by reason
+        produce_messages(info.kafka_bootstrap, topics.reports, [(b"0:app_version", b"not an envelope")])
         expected = {key: (v["support"], v["n"]) for key, v in summary.per_step.items()}
         wait_for_counts(info.redis_url, campaign.id, expected, timeout=90)
         for attr in campaign.attributes:
