@@ -20,7 +20,7 @@ from .errors import StackError
 
 __all__ = [
     "HOST", "STATE_FILE", "StackInfo", "is_zombie", "log_tail", "pid_alive", "port_is_free", "read_state",
-    "signal_group", "spawn", "write_state",
+    "signal_group", "spawn", "stop_child", "write_state",
 ]
 
 HOST = "127.0.0.1"
@@ -141,6 +141,19 @@ def signal_group(pid: int, sig: int = signal.SIGTERM) -> None:
             os.kill(pid, sig)
     except ProcessLookupError:
         pass
+
+
+def stop_child(proc: subprocess.Popen, timeout: float = 20.0) -> None:
+    """Stop a child started with ``start_new_session=True`` (and its own children): SIGTERM to its process
+    group, SIGKILL if it has not exited within ``timeout`` seconds."""
+    if proc.poll() is not None:
+        return
+    signal_group(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        signal_group(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 def log_tail(path: Path, lines: int = 25) -> str:

@@ -31,7 +31,6 @@ import math
 import os
 import resource
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -660,13 +659,10 @@ class _Ingest:
     def stop(self) -> None:
         if self.worker is not None:
             self.worker.stop()
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+        if self.proc is not None:
+            from devtools.processes import stop_child
+
+            stop_child(self.proc)
         if self.stack is not None:
             self.stack.down()
 

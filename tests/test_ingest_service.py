@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from devtools.processes import stop_child
 from devtools.workers import WorkerProcess, read_counts, unique_campaign_file, wait_for_counts
 from stream_app.ingest.auth import RELAY, DeviceSecret, TokenAuthority
 from stream_app.settings import free_port
@@ -155,12 +156,7 @@ def env(local_stack, tmp_path_factory):
         yield SimpleNamespace(url=url, redis=info.redis_url, campaign=campaign, authority=TokenAuthority(secret),
                               ingest=ingest, log=run / "ingest.log", worker=worker)
     finally:
-        if ingest.poll() is None:
-            ingest.send_signal(signal.SIGTERM)
-            try:
-                ingest.wait(20)
-            except subprocess.TimeoutExpired:
-                ingest.kill()
+        stop_child(ingest)
         log.close()
         worker.stop()
 

@@ -20,7 +20,6 @@ import base64
 import json
 import math
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -39,6 +38,7 @@ import yaml
 
 from devtools.debian import ToolUnavailable
 from devtools.prometheus import PrometheusServer, promtool_binary, prometheus_binary, render_config
+from devtools.processes import stop_child
 from devtools.workers import (WorkerProcess, estimate_history, final_estimates, produce_messages,
                               unique_campaign_file, wait_for_counts, wait_until)
 from producers.fleet import FleetConfig, publish
@@ -152,12 +152,7 @@ def pipeline(local_stack, tmp_path_factory, prometheus_bin) -> Iterator[SimpleNa
                               summary=summary, run=run, bootstrap=info.kafka_bootstrap, topics=topics)
     finally:
         prom.stop()
-        if ingest.poll() is None:
-            ingest.send_signal(signal.SIGTERM)
-            try:
-                ingest.wait(20)
-            except subprocess.TimeoutExpired:
-                ingest.kill()
+        stop_child(ingest)
         ingest_log.close()
         worker.stop()
 
