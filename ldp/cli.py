@@ -824,7 +824,7 @@ from .ingest_cli import register as _register_ingest  # noqa: E402 - `ldp ingest
 
 _register_ingest(app)
 
-from .experiment_poisoning import register as _register_experiments  # noqa: E402 - `ldp experiment poisoning`
+from .experiments import register as _register_experiments  # noqa: E402 - `ldp experiment ...` (ldp/experiments/)
 
 _register_experiments(app)
 

@@ -200,14 +200,11 @@ def table(rows: Sequence[Row], title: str) -> Table:
     return t
 
 
-def register(app: typer.Typer) -> None:
-    """Add ``ldp experiment poisoning`` to the CLI (an ``experiment`` group of its own)."""
+def register(group: typer.Typer) -> None:
+    """Add ``ldp experiment poisoning`` to the ``experiment`` group (created by :mod:`ldp.experiments`)."""
     from rich.console import Console
 
     console = Console()
-    group = typer.Typer(help="Experiments: tables, CSV files and plots of the library's behaviour.",
-                        no_args_is_help=True)
-    app.add_typer(group, name="experiment")
 
     def _floats(text: str, what: str) -> tuple[float, ...]:
         try:

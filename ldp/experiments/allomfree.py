@@ -1,0 +1,311 @@
+"""``ldp experiment allomfree``: the evaluation of Arcolezi et al., "Improving the utility of locally
+differentially private protocols for longitudinal and multidimensional frequency estimates", Digital
+Communications and Networks (DCN) 2022, §5, on synthetic multidimensional data.
+
+The paper runs four real data sets (Nursery, Adult, MS-FIMU, Census-Income: 6 to 33 attributes with
+domain sizes 2 to 52) for one collection; here ``n`` users hold ``d`` attributes of domain sizes ``ks``
+(2 to a few hundred), Zipf-distributed (exponent 1.1, random rank order) or uniform by attribute, which
+evolve like EDBT 2023's Syn (each value changes w.p. ``p_change`` per collection) over ``τ``
+collections. Every solution reports at every collection through the library's multidimensional
+solutions (:func:`estimators.make_solution`, memo states kept), and the experiment records:
+
+* ``MSE_avg`` (DCN 2022, §5.1: squared errors averaged over values, attributes and collections), also
+  per collection (``mse_over_time.csv``), next to the library's analytical variance averaged the same
+  way;
+* the accuracy gains ``U_L-SUE`` and ``U_L-OUE`` of ALLOMFREE (DCN 2022, Eq. 17), per ε∞, for
+  ``ε1 = 0.3 ε∞`` and ``0.6 ε∞`` (the layout of its Tables 3-4);
+* ``ε̌_avg`` (Arcolezi et al., EDBT 2023, Eq. 8) from the library's accounting
+  (``Solution.longitudinal_loss``).
+
+Solutions: ALLOMFREE (DCN 2022, Alg. 1, the library's exact calibration) and with the paper's
+calibration, L-SMP with L-SUE (basic RAPPOR), L-OUE, L-OSUE and L-SOUE (DCN 2022, §4), and the
+library's extensions: ALLOMFREE with fake data (L-RS+FD with the per-attribute choice), ALLOMFREE with
+the ``loss`` objective (LOLOHA among the candidates), L-RS+FD[L-OSUE] and L-SPL[L-OSUE].
+"""
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import numpy as np
+import typer
+
+import estimators
+from estimators.errors import InfeasibleParameters, LDPError
+from producers.datasets import EvolvingPopulation
+
+from .runner import Run, child_seeds, console, floats, mean_sd, pyplot, run_tasks, save_figure
+
+#: label -> (solution, parameters besides ks and the budget)
+SOLUTIONS: dict[str, tuple[str, dict[str, Any]]] = {
+    "ALLOMFREE": ("ALLOMFREE", {}),
+    "ALLOMFREE (paper cal.)": ("ALLOMFREE", {"calibration": "paper"}),
+    "L-SUE": ("L-SMP", {"protocol": "L-SUE"}),
+    "L-OUE": ("L-SMP", {"protocol": "L-OUE"}),
+    "L-OSUE": ("L-SMP", {"protocol": "L-OSUE"}),
+    "L-SOUE": ("L-SMP", {"protocol": "L-SOUE"}),
+    "ALLOMFREE+fake data": ("ALLOMFREE", {"fake_data": True}),
+    "ALLOMFREE (loss)": ("ALLOMFREE", {"objective": "loss"}),
+    "L-RS+FD[L-OSUE]": ("L-RS+FD", {"protocol": "L-OSUE"}),
+    "L-SPL[L-OSUE]": ("L-SPL", {"protocol": "L-OSUE"}),
+}
+PAPER_SOLUTIONS = ("ALLOMFREE", "L-SUE", "L-OUE", "L-OSUE", "L-SOUE")
+
+
+@dataclass(frozen=True)
+class Config:
+    """Parameters of one run (DCN 2022, §5.1 for the privacy grid)."""
+
+    n: int = 50_000
+    ks: tuple[int, ...] = (2, 3, 5, 10, 50, 200)
+    distributions: tuple[str, ...] = ("zipf", "uniform", "zipf", "uniform", "zipf", "uniform")
+    tau: int = 10
+    p_change: float = 0.25
+    eps_inf: tuple[float, ...] = tuple(0.5 * i for i in range(1, 9))
+    alphas: tuple[float, ...] = (0.3, 0.6)
+    solutions: tuple[str, ...] = tuple(SOLUTIONS)
+    reps: int = 5
+    seed: int = 0
+    workers: int | None = None
+
+    @classmethod
+    def quick(cls, **overrides: Any) -> "Config":
+        """A CI-sized run: fewer users, ε∞ values, collections and solutions."""
+        return cls(**{"n": 20_000, "eps_inf": (0.5, 2.0, 4.0), "tau": 20, "reps": 2,
+                      "solutions": ("ALLOMFREE", "L-SUE", "L-OUE", "L-OSUE", "ALLOMFREE+fake data"), **overrides})
+
+
+@dataclass(frozen=True)
+class Task:
+    """One repetition of one solution at one (ε∞, α)."""
+
+    label: str
+    eps_inf: float
+    alpha: float
+    rep: int
+    data_seed: np.random.SeedSequence
+    noise_seed: np.random.SeedSequence
+    config: Config
+
+
+def build_solution(label: str, ks: tuple[int, ...], eps_inf: float, alpha: float) -> estimators.Solution:
+    name, extra = SOLUTIONS[label]
+    return estimators.make_solution(name, ks=list(ks), eps_inf=eps_inf, eps_1=alpha * eps_inf, **extra)
+
+
+def populations(config: Config, seed: np.random.SeedSequence) -> list[EvolvingPopulation]:
+    """One evolving population per attribute (Syn dynamics, uniform or Zipf base law)."""
+    seeds = seed.spawn(len(config.ks))
+    return [EvolvingPopulation(n=config.n, k=k, kind="syn", p_change=config.p_change, base=dist,
+                               rng=np.random.default_rng(s))
+            for k, dist, s in zip(config.ks, config.distributions, seeds)]
+
+
+def simulate(task: Task) -> dict[str, Any]:
+    """One task: every user reports at every collection; MSE_avg per collection, variance, ε̌_avg."""
+    c = task.config
+    try:
+        sol = build_solution(task.label, c.ks, task.eps_inf, task.alpha)
+    except InfeasibleParameters as exc:
+        return {"label": task.label, "eps_inf": task.eps_inf, "alpha": task.alpha, "rep": task.rep,
+                "infeasible": str(exc)}
+    pops = populations(c, task.data_seed)
+    rng = np.random.default_rng(task.noise_seed)
+    state = sol.new_state(c.n, rng)
+    mse_t, var_t, se_t = [], [], []
+    for _ in range(c.tau):
+        values = np.stack([p.step() for p in pops], axis=1)
+        out = sol.randomize(values, rng, state=state)
+        counts, ns = sol.support(out), sol.report_counts(out)
+        per_attr_mse, per_attr_var, per_attr_sd2 = [], [], []
+        for j, k in enumerate(c.ks):
+            truth = np.bincount(values[:, j], minlength=k) / c.n
+            est = sol.estimate(j, counts[j], ns[j])
+            var = np.asarray(sol.variance_exact(j, truth, c.n), dtype=np.float64)
+            per_attr_mse.append(float(np.mean((est - truth) ** 2)))
+            per_attr_var.append(float(var.mean()))
+            # variance of the attribute's mean squared error: 2 Var² per Gaussian estimate, doubled for
+            # the estimates' correlation (sum to one; exact for k = 2)
+            per_attr_sd2.append(4.0 * float(np.sum(var ** 2)) / k ** 2)
+        mse_t.append(float(np.mean(per_attr_mse)))
+        var_t.append(float(np.mean(per_attr_var)))
+        se_t.append(math.sqrt(sum(per_attr_sd2)) / len(c.ks))
+    loss = sol.longitudinal_loss(state)
+    return {"label": task.label, "eps_inf": task.eps_inf, "alpha": task.alpha, "rep": task.rep,
+            "mse_t": mse_t, "variance_t": var_t, "mse_se_bound": float(np.mean(se_t)),
+            "eps_avg": float(np.mean(loss)), "worst_case_loss": float(sol.worst_case_loss),
+            "choices": " ".join(name for name, _ in sol.choices) if hasattr(sol, "choices") else ""}
+
+
+def tasks_for(config: Config) -> list[Task]:
+    data = child_seeds(config.seed, "multidim-data", config.reps)
+    specs = [(label, e, a, r) for r in range(config.reps) for label in config.solutions
+             for e in config.eps_inf for a in config.alphas]
+    noise = child_seeds(config.seed, "noise", len(specs))
+    return [Task(lb, e, a, r, data[r], s, config) for (lb, e, a, r), s in zip(specs, noise)]
+
+
+def summarize(results: list[dict], config: Config) -> tuple[list[dict], list[dict], list[dict]]:
+    """The main table (one row per solution, ε∞, α), MSE per collection, and the gains (Eq. 17)."""
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for r in results:
+        groups[(r["label"], r["eps_inf"], r["alpha"])].append(r)
+    rows, over_time = [], []
+    for label in config.solutions:
+        for a in config.alphas:
+            for e in config.eps_inf:
+                reps = groups[(label, e, a)]
+                if "infeasible" in reps[0]:
+                    rows.append({"solution": label, "eps_inf": e, "alpha": a, "eps_1": round(a * e, 6),
+                                 "reps": 0, "mse_avg": math.nan, "note": reps[0]["infeasible"]})
+                    continue
+                mse, sd = mean_sd([float(np.mean(r["mse_t"])) for r in reps])
+                var = float(np.mean([np.mean(r["variance_t"]) for r in reps]))
+                bound = float(np.mean([r["mse_se_bound"] for r in reps])) / math.sqrt(len(reps))
+                rows.append({"solution": label, "eps_inf": e, "alpha": a, "eps_1": round(a * e, 6), "reps": len(reps),
+                             "mse_avg": mse, "mse_sd": sd, "variance_avg": var, "mse_over_variance": mse / var,
+                             "mse_rel_se_bound": bound / var,
+                             "eps_avg": float(np.mean([r["eps_avg"] for r in reps])),
+                             "worst_case_loss": reps[0]["worst_case_loss"], "channels": reps[0]["choices"],
+                             "note": ""})
+                for t in range(config.tau):
+                    over_time.append({"solution": label, "eps_inf": e, "alpha": a, "t": t + 1,
+                                      "mse": float(np.mean([r["mse_t"][t] for r in reps])),
+                                      "variance": float(np.mean([r["variance_t"][t] for r in reps]))})
+    gains = []
+    index = {(r["solution"], r["eps_inf"], r["alpha"]): r for r in rows}
+    for a in config.alphas:
+        for e in config.eps_inf:
+            ours = index.get(("ALLOMFREE", e, a))
+            if ours is None:
+                continue
+            row: dict[str, Any] = {"alpha": a, "eps_inf": e}
+            for ref in ("L-SUE", "L-OUE"):
+                other = index.get((ref, e, a))
+                row[f"U_{ref}_pct"] = (100.0 * (other["mse_avg"] - ours["mse_avg"]) / other["mse_avg"]
+                                       if other is not None else math.nan)
+            gains.append(row)
+    return rows, over_time, gains
+
+
+# ====================================================================== plots and tables
+def plot(rows: list[dict], over_time: list[dict], config: Config, out: Path) -> list[Path]:
+    """DCN 2022, Figs. 4-7 layout (MSE_avg against ε∞, top ε1 = 0.3 ε∞, bottom 0.6 ε∞) and the MSE per
+    collection at the middle ε∞."""
+    plt = pyplot()
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    colour = {lb: colours[i % len(colours)] for i, lb in enumerate(config.solutions)}
+    style = {lb: ("-" if lb in PAPER_SOLUTIONS else "--") for lb in config.solutions}
+    fig, axes = plt.subplots(len(config.alphas), 1, figsize=(7.5, 3.2 * len(config.alphas)), squeeze=False,
+                             sharex=True)
+    for ax, a in zip(axes[:, 0], config.alphas):
+        for label in config.solutions:
+            sel = [r for r in rows if r["solution"] == label and r["alpha"] == a and r["reps"]]
+            ax.plot([r["eps_inf"] for r in sel], [r["mse_avg"] for r in sel], style[label], marker="o", ms=3,
+                    color=colour[label], label=label)
+        ax.set_yscale("log")
+        ax.set_ylabel("MSE$_{avg}$")
+        ax.set_title(f"$\\epsilon_1 = {a:g}\\,\\epsilon_\\infty$", fontsize=10)
+        ax.grid(alpha=0.3, which="both")
+    axes[-1][0].set_xlabel("$\\epsilon_\\infty$")
+    axes[0][0].legend(fontsize=7, ncol=2)
+    fig.suptitle(f"synthetic, n={config.n:,}, ks={list(config.ks)}, τ={config.tau}, {config.reps} reps "
+                 "(dashed: beyond the paper)", fontsize=8)
+    fig.tight_layout()
+    figures = [save_figure(fig, out / "mse_avg.png")]
+    e = config.eps_inf[len(config.eps_inf) // 2]
+    fig, axes = plt.subplots(1, len(config.alphas), figsize=(4.5 * len(config.alphas), 3.4), squeeze=False)
+    for ax, a in zip(axes[0], config.alphas):
+        for label in ("ALLOMFREE", "L-SUE", "L-OUE"):
+            sel = [r for r in over_time if r["solution"] == label and r["alpha"] == a and r["eps_inf"] == e]
+            if sel:
+                ax.plot([r["t"] for r in sel], [r["mse"] for r in sel], marker="o", ms=3, color=colour[label],
+                        label=label)
+                ax.plot([r["t"] for r in sel], [r["variance"] for r in sel], ":", color=colour[label])
+        ax.set_yscale("log")
+        ax.set_xlabel("collection t")
+        ax.set_title(f"$\\epsilon_\\infty={e:g}$, $\\epsilon_1={a:g}\\,\\epsilon_\\infty$", fontsize=10)
+        ax.grid(alpha=0.3, which="both")
+    axes[0][0].set_ylabel("MSE at collection t")
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    figures.append(save_figure(fig, out / "mse_over_time.png"))
+    return figures
+
+
+def gains_table(gains: list[dict], alpha: float) -> Any:
+    from rich.table import Table
+
+    t = Table(title=f"accuracy gain of ALLOMFREE (DCN 2022, Eq. 17), ε1 = {alpha:g} ε∞ (Tables 3-4 layout)")
+    for col in ("ε∞", "U_L-SUE (%)", "U_L-OUE (%)"):
+        t.add_column(col, justify="right")
+    sel = [g for g in gains if g["alpha"] == alpha]
+    for g in sel:
+        t.add_row(f"{g['eps_inf']:g}", f"{g['U_L-SUE_pct']:.2f}", f"{g['U_L-OUE_pct']:.2f}")
+    if sel:
+        t.add_row("Mean", f"{np.nanmean([g['U_L-SUE_pct'] for g in sel]):.2f}",
+                  f"{np.nanmean([g['U_L-OUE_pct'] for g in sel]):.2f}")
+    return t
+
+
+def run(config: Config, out: Path) -> dict[str, Path]:
+    if len(config.distributions) != len(config.ks):
+        raise LDPError("give one distribution (zipf or uniform) per attribute")
+    run_ = Run("allomfree", {**asdict(config), "out": str(out)}, out)
+    run_.announce()
+    results = run_tasks(simulate, tasks_for(config), "allomfree (multidimensional)", config.workers)
+    rows, over_time, gains = summarize(results, config)
+    files = {"results": run_.csv(rows, "allomfree.csv"), "over_time": run_.csv(over_time, "mse_over_time.csv"),
+             "gains": run_.csv(gains, "gains.csv")}
+    for a in config.alphas:
+        console.print(gains_table(gains, a))
+    figures = plot(rows, over_time, config, out)
+    run_.finish(figures)
+    return files
+
+
+def register(group: typer.Typer) -> None:
+    """Add ``ldp experiment allomfree``."""
+
+    @group.command("allomfree")
+    def allomfree(
+            quick: Annotated[bool, typer.Option("--quick", help="CI-sized run (under a minute).")] = False,
+            out: Annotated[Path, typer.Option(help="Output folder (config.json, CSVs, PNGs).")] = Path(
+                "experiments/allomfree"),
+            n: Annotated[Optional[int], typer.Option(help="Users (default 50,000; quick 20,000).")] = None,
+            ks: Annotated[Optional[str], typer.Option(help="Domain sizes, comma-separated.")] = None,
+            distributions: Annotated[Optional[str], typer.Option(
+                help="zipf or uniform per attribute, comma-separated.")] = None,
+            tau: Annotated[Optional[int], typer.Option(help="Collections τ (default 10; quick 20).")] = None,
+            eps_inf: Annotated[Optional[str], typer.Option(
+                "--eps-inf", help="ε∞ grid (default 0.5,1,...,4; quick 0.5,2,4).")] = None,
+            alphas: Annotated[Optional[str], typer.Option(help="α of ε1 = α ε∞ (default 0.3,0.6).")] = None,
+            reps: Annotated[Optional[int], typer.Option(help="Repetitions (default 5; quick 2).")] = None,
+            workers: Annotated[Optional[int], typer.Option(help="Worker processes (default: every core).")] = None,
+            seed: Annotated[int, typer.Option(help="Seed of every draw (simulation mode).")] = 0,
+    ) -> None:
+        """Arcolezi et al., DCN 2022, §5 on synthetic multidimensional data: MSE_avg of ALLOMFREE, L-SUE,
+        L-OUE, L-OSUE, L-SOUE and the library's other solutions, and the gains of Eq. 17 (Tables 3-4)."""
+        overrides: dict[str, Any] = {"workers": workers, "seed": seed}
+        for key, value in (("n", n), ("tau", tau), ("reps", reps)):
+            if value is not None:
+                overrides[key] = value
+        if ks is not None:
+            overrides["ks"] = tuple(int(x) for x in floats(ks, "--ks"))
+            if distributions is None:
+                overrides["distributions"] = tuple(("zipf", "uniform")[i % 2] for i in range(len(overrides["ks"])))
+        if distributions is not None:
+            overrides["distributions"] = tuple(x.strip() for x in distributions.split(",") if x.strip())
+        if eps_inf is not None:
+            overrides["eps_inf"] = floats(eps_inf, "--eps-inf")
+        if alphas is not None:
+            overrides["alphas"] = floats(alphas, "--alphas")
+        config = Config.quick(**overrides) if quick else Config(**overrides)
+        try:
+            run(config, out)
+        except (LDPError, ValueError) as exc:
+            console.print(f"[red]error:[/red] {exc}")
+            raise typer.Exit(2)
