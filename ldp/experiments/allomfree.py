@@ -37,7 +37,8 @@ import estimators
 from estimators.errors import InfeasibleParameters, LDPError
 from producers.datasets import EvolvingPopulation
 
-from .runner import Run, child_seeds, console, floats, mean_sd, pyplot, run_tasks, save_figure
+from .runner import (OutOption, QuickOption, Run, SeedOption, WorkersOption, child_seeds, console, floats, mean_sd,
+                     pyplot, run_tasks, save_figure)
 
 #: label -> (solution, parameters besides ks and the budget)
 SOLUTIONS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -272,9 +273,8 @@ def register(group: typer.Typer) -> None:
 
     @group.command("allomfree")
     def allomfree(
-            quick: Annotated[bool, typer.Option("--quick", help="CI-sized run (under a minute).")] = False,
-            out: Annotated[Path, typer.Option(help="Output folder (config.json, CSVs, PNGs).")] = Path(
-                "experiments/allomfree"),
+            quick: QuickOption = False,
+            out: OutOption = Path("experiments/allomfree"),
             n: Annotated[Optional[int], typer.Option(help="Users (default 50,000; quick 20,000).")] = None,
             ks: Annotated[Optional[str], typer.Option(help="Domain sizes, comma-separated.")] = None,
             distributions: Annotated[Optional[str], typer.Option(
@@ -284,8 +284,8 @@ def register(group: typer.Typer) -> None:
                 "--eps-inf", help="ε∞ grid (default 0.5,1,...,4; quick 0.5,2,4).")] = None,
             alphas: Annotated[Optional[str], typer.Option(help="α of ε1 = α ε∞ (default 0.3,0.6).")] = None,
             reps: Annotated[Optional[int], typer.Option(help="Repetitions (default 5; quick 2).")] = None,
-            workers: Annotated[Optional[int], typer.Option(help="Worker processes (default: every core).")] = None,
-            seed: Annotated[int, typer.Option(help="Seed of every draw (simulation mode).")] = 0,
+            workers: WorkersOption = None,
+            seed: SeedOption = 0,
     ) -> None:
         """Arcolezi et al., DCN 2022, §5 on synthetic multidimensional data: MSE_avg of ALLOMFREE, L-SUE,
         L-OUE, L-OSUE, L-SOUE and the library's other solutions, and the gains of Eq. 17 (Tables 3-4)."""

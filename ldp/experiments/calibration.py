@@ -28,7 +28,8 @@ from estimators.errors import LDPError
 from producers.datasets import zipf_weights
 
 from ..options import build
-from .runner import Run, child_seeds, console, floats, mean_sd, pyplot, run_tasks, save_figure
+from .runner import (OutOption, QuickOption, Run, SeedOption, WorkersOption, child_seeds, console, floats, mean_sd,
+                     pyplot, run_tasks, save_figure)
 
 FAMILIES: dict[str, tuple[str, ...]] = {
     "direct": ("GRR", "L-GRR", "ADP", "L-ADP"),
@@ -189,16 +190,15 @@ def register(group: typer.Typer) -> None:
 
     @group.command("calibration")
     def calibration(
-            quick: Annotated[bool, typer.Option("--quick", help="CI-sized run (under a minute).")] = False,
-            out: Annotated[Path, typer.Option(help="Output folder (config.json, CSV, PNGs).")] = Path(
-                "experiments/calibration"),
+            quick: QuickOption = False,
+            out: OutOption = Path("experiments/calibration"),
             ks: Annotated[Optional[str], typer.Option(help="Domain sizes (default 4,16,100,1000).")] = None,
             eps: Annotated[Optional[str], typer.Option(help="ε values (default 0.5,1,2,4).")] = None,
             reps: Annotated[Optional[int], typer.Option(help="Repetitions per cell (default 30; quick 4).")] = None,
             protocol: Annotated[Optional[list[str]], typer.Option(
                 "--protocol", "-p", help="Protocols (repeatable; default: all).")] = None,
-            workers: Annotated[Optional[int], typer.Option(help="Worker processes (default: every core).")] = None,
-            seed: Annotated[int, typer.Option(help="Seed of every draw (simulation mode).")] = 0,
+            workers: WorkersOption = None,
+            seed: SeedOption = 0,
     ) -> None:
         """Empirical MSE against the analytical variance for every protocol over ε and k, one plot per family."""
         overrides: dict[str, Any] = {"workers": workers, "seed": seed}

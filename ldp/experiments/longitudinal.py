@@ -36,7 +36,8 @@ import estimators
 from estimators.errors import LDPError
 from producers.datasets import EvolvingPopulation
 
-from .runner import Run, child_seeds, console, floats, mean_sd, pyplot, run_tasks, save_figure
+from .runner import (OutOption, QuickOption, Run, SeedOption, WorkersOption, child_seeds, console, floats, mean_sd,
+                     pyplot, run_tasks, save_figure)
 
 #: (label, registry name, extra parameters); dBitFlipPM's ``b`` is set to ``k`` when built
 PROTOCOLS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -313,9 +314,8 @@ def register(group: typer.Typer) -> None:
 
     @group.command("longitudinal")
     def longitudinal(
-            quick: Annotated[bool, typer.Option("--quick", help="CI-sized run (under a minute).")] = False,
-            out: Annotated[Path, typer.Option(help="Output folder (config.json, CSVs, PNGs).")] = Path(
-                "experiments/longitudinal"),
+            quick: QuickOption = False,
+            out: OutOption = Path("experiments/longitudinal"),
             n: Annotated[Optional[int], typer.Option(help="Users (default 10,000; quick 5,000).")] = None,
             k: Annotated[Optional[int], typer.Option("--k", "-k", help="Domain size (default 360).")] = None,
             tau: Annotated[Optional[int], typer.Option(help="Collections τ (default 120; quick 30).")] = None,
@@ -326,8 +326,8 @@ def register(group: typer.Typer) -> None:
             reps: Annotated[Optional[int], typer.Option(help="Repetitions (default 5; quick 2).")] = None,
             calibration: Annotated[str, typer.Option(help="p2 calibration of L-GRR and LOLOHA: exact or paper.")
                                    ] = "exact",
-            workers: Annotated[Optional[int], typer.Option(help="Worker processes (default: every core).")] = None,
-            seed: Annotated[int, typer.Option(help="Seed of every draw (simulation mode).")] = 0,
+            workers: WorkersOption = None,
+            seed: SeedOption = 0,
     ) -> None:
         """Arcolezi et al., EDBT 2023, §5 on Syn: MSE_avg (Eq. 7), ε̌_avg (Eq. 8) and dBitFlipPM's change
         detection (Table 2) for RAPPOR, L-OSUE, L-GRR, BiLOLOHA, OLOLOHA, 1BitFlipPM and bBitFlipPM."""

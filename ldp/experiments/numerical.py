@@ -24,7 +24,7 @@ import estimators
 from estimators.errors import InfeasibleParameters
 from estimators.hashing import loloha_optimal_g, ololoha_g
 
-from .runner import Run, console, pyplot, save_figure
+from .runner import OutOption, Run, console, pyplot, save_figure
 
 N = 10_000
 CALIBRATIONS = ("paper", "exact")
@@ -271,8 +271,7 @@ def register(group: typer.Typer) -> None:
     def numerical(
             quick: Annotated[bool, typer.Option("--quick", help="Accepted for symmetry: the run takes seconds.")
                              ] = False,
-            out: Annotated[Path, typer.Option(help="Output folder (config.json, CSVs, PNGs).")] = Path(
-                "experiments/numerical"),
+            out: OutOption = Path("experiments/numerical"),
     ) -> None:
         """DCN 2022, Tables 1-2 and EDBT 2023, Figs. 1-2 (approximate variances, OLOLOHA's g) under the
         paper's and the exact calibration, and where ALLOMFREE's L-GRR / L-OSUE choice changes."""

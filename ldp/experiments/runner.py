@@ -19,13 +19,20 @@ import warnings
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence, TypeVar
+from typing import Annotated, Any, Callable, Iterable, Optional, Sequence, TypeVar
 
 import numpy as np
+import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from estimators.randomness import SimulationWarning
+
+# The options every experiment takes (``ldp experiment NAME --quick --out DIR --workers N --seed S``).
+QuickOption = Annotated[bool, typer.Option("--quick", help="CI-sized run (under a minute).")]
+OutOption = Annotated[Path, typer.Option(help="Output folder (config.json, CSVs, PNGs).")]
+WorkersOption = Annotated[Optional[int], typer.Option(help="Worker processes (default: every core).")]
+SeedOption = Annotated[int, typer.Option(help="Seed of every draw (simulation mode).")]
 
 console = Console()
 
