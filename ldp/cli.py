@@ -539,7 +539,8 @@ def bench_ingest(processes: Annotated[int, typer.Option(help="Processes of `ldp 
                      help="The ingest's linger in ms (its default if omitted).")] = None,
                  idempotency: Annotated[bool, typer.Option(help="An Idempotency-Key on every request.")] = True,
                  half_clients: Annotated[Optional[int], typer.Option(
-                     help="Connections of the open-loop half-saturation point (default: the saturation point's).")]
+                     help="Connections of the open-loop half-saturation point (default: the saturation point's, at "
+                          "most 256).")]
                  = None,
                  json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write the results here.")]
                  = None) -> None:
