@@ -29,6 +29,7 @@ machine least; otherwise, and for the open-loop points, :class:`PythonLoad`, a l
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import math
 import os
@@ -267,7 +268,12 @@ class PythonLoad:
         or open loop at ``rate`` requests/s; ``expect``: the requests foreseen (their device tokens are issued
         before the clock starts)."""
         tokens = work.take_tokens(expect)
-        return _run_loop(self._run(work, tokens, clients, seconds, warmup, rate))
+        gc.collect()
+        gc.disable()  # a collection of this process's objects would pause the clock of every request in flight
+        try:
+            return _run_loop(self._run(work, tokens, clients, seconds, warmup, rate))
+        finally:
+            gc.enable()
 
     async def _run(self, work: Workload, tokens: list[str], clients: int, seconds: float, warmup: float,
                    rate: float | None) -> Point:
