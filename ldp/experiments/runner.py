@@ -1,7 +1,7 @@
 """What every ``ldp experiment`` shares: seeded parallel repetitions, CSV and configuration files,
 the printed configuration, the wall time and matplotlib set-up.
 
-Repetitions run in a :class:`concurrent.futures.ProcessPoolExecutor` over ``os.cpu_count()`` workers.
+Repetitions run in a :class:`concurrent.futures.ProcessPoolExecutor` over ``os.cpu_count()`` spawned workers.
 Task ``i`` of an experiment gets the ``i``-th child of ``numpy.random.SeedSequence(seed)`` (and data
 sets get children of their own), so the results depend on the seed only, never on the number of
 workers or on the order in which tasks finish. Everything here is the labelled simulation mode
@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import multiprocessing
 import os
 import platform
 import time
@@ -97,7 +98,10 @@ def run_tasks(fn: Callable[[T], R], tasks: Sequence[T], description: str, worker
                 results[i] = _call_quietly(fn, task)
                 bar.advance(tid)
             return results
-        with ProcessPoolExecutor(max_workers=min(workers, len(tasks)), initializer=_single_threaded_worker) as pool:
+        # spawned, not forked: a fork of a process whose numba thread pool (OpenMP) or event-loop threads already
+        # ran (a test session, a notebook) can abort in the child
+        with ProcessPoolExecutor(max_workers=min(workers, len(tasks)), initializer=_single_threaded_worker,
+                                 mp_context=multiprocessing.get_context("spawn")) as pool:
             futures = {pool.submit(_call_quietly, fn, task): i for i, task in enumerate(tasks)}
             for fut in as_completed(futures):
                 results[futures[fut]] = fut.result()
