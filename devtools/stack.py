@@ -51,7 +51,7 @@ import tempfile
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 from urllib.parse import quote, unquote
 
 from stream_app.settings import free_port
@@ -168,7 +168,8 @@ class LocalStack:
 
     ``broker_storage`` is ``"durable"`` or ``"memory"`` (module docstring); by default
     ``$LDP_BROKER_STORAGE``, else ``"durable"``. ``kafka_sasl``, ``kafka_user``, ``kafka_password``,
-    ``redis_password``, ``redis_user`` and ``tls``: the secured services of the module docstring.
+    ``redis_password``, ``redis_user`` and ``tls``: the secured services of the module docstring;
+    ``redis_options``: more ``redis-server`` command-line options.
     """
 
     def __init__(
@@ -184,6 +185,7 @@ class LocalStack:
         redis_password: str | None = None,
         redis_user: str | None = None,
         tls: bool = False,
+        redis_options: Sequence[str] = (),
     ) -> None:
         self.run_dir = Path(run_dir) if run_dir is not None else Path(
             tempfile.mkdtemp(prefix="ldp-stack-")
@@ -205,6 +207,7 @@ class LocalStack:
         self.kafka_user = kafka_user
         self.kafka_password = (kafka_password or secrets.token_urlsafe(18)) if kafka_sasl else None
         self.redis_password, self.redis_user, self.tls = redis_password, redis_user, tls
+        self.redis_options = tuple(redis_options)  # more redis-server options, e.g. ("--auto-aof-rewrite-min-size", "1gb")
         # with SASL or TLS, kafka_port is the gateway's (what clients use) and the broker's own port is picked
         gated = self.gated
         self._fixed_ports = {"broker": kafka_port is not None and not gated, "redis": redis_port is not None,
@@ -464,6 +467,7 @@ class LocalStack:
                 # comes back with everything applied up to about a second before
                 binary, *conf, *ports, "--bind", HOST, "--save", "", "--appendonly", "yes",
                 "--appendfsync", "everysec", "--dir", str(self.run_dir.resolve()), "--daemonize", "no",
+                *self.redis_options,
             ]
         if name == "objects":
             return [

@@ -499,6 +499,7 @@ class BenchConfig:
     idempotency: bool = True
     json_path: Path | None = None
     half_clients: int | None = None  # connections of the open-loop point (default: HALF_CLIENTS_MAX at most)
+    redis_aof_rewrite_mb: int | None = None  # Redis's auto-aof-rewrite-min-size (None: Redis's default, 64 MB)
 
 
 BENCH_ATTRIBUTE = "app_version"
@@ -576,7 +577,9 @@ class _Ingest:
         from wire.campaign import Campaign
 
         self.say(f"starting the local stack ({self.cfg.broker_storage} broker storage)")
-        self.stack = LocalStack(run_dir=self.run_dir / "stack", broker_storage=self.cfg.broker_storage)
+        rewrite = self.cfg.redis_aof_rewrite_mb
+        self.stack = LocalStack(run_dir=self.run_dir / "stack", broker_storage=self.cfg.broker_storage,
+                                redis_options=() if rewrite is None else ("--auto-aof-rewrite-min-size", f"{rewrite}mb"))
         info = self.stack.up(stop_on_exit=True)
         doc = bench_campaign(f"bench-ingest-{uuid.uuid4().hex[:8]}", self.cfg.batch)
         path = self.run_dir / "campaign.toml"
@@ -757,7 +760,8 @@ def run_bench(cfg: BenchConfig, on_status: Callable[[str], None] = print,
         ingest.stop()
         shutil.rmtree(run_dir, ignore_errors=True)
     doc = {"processes": cfg.processes, "generator": "wrk" if use_wrk else "python", "cpus": os.cpu_count(),
-           "broker_storage": cfg.broker_storage, "acknowledged_reports": acknowledged, "published_reports": published,
+           "broker_storage": cfg.broker_storage, "redis_aof_rewrite_mb": cfg.redis_aof_rewrite_mb or 64,
+           "acknowledged_reports": acknowledged, "published_reports": published,
            "counted_reports": counted,
            "workloads": [{"workload": r.workload, "saturation": r.saturation.as_dict(), "half": r.half.as_dict(),
                           "curve": [p.as_dict() for p in r.curve]} for r in results]}
@@ -789,7 +793,8 @@ def render(doc: dict[str, Any], console: Any) -> None:
     from rich.table import Table
 
     t = Table(title=f"ldp bench ingest: {doc['processes']} ingest process(es), {doc['cpus']} CPUs, load generator "
-                    f"{doc['generator']} (closed loop) + python (open loop), {doc['broker_storage']} broker storage")
+                    f"{doc['generator']} (closed loop) + python (open loop), {doc['broker_storage']} broker storage, "
+                    f"Redis AOF rewrite from {doc['redis_aof_rewrite_mb']} MB")
     worker = any("worker" in p.cpu for r in doc["results"] for p in (r.saturation, r.half))
     for col in ("workload", "point", "clients", "requests/s", "reports/s", "p50", "p99", "refused/errors",
                 "CPU ingest", "µs/request", "broker", "redis", "generator", *(("worker",) if worker else ())):

@@ -542,6 +542,9 @@ def bench_ingest(processes: Annotated[int, typer.Option(help="Processes of `ldp 
                      help="Connections of the open-loop half-saturation point (default: the saturation point's, at "
                           "most 256).")]
                  = None,
+                 redis_aof_rewrite_mb: Annotated[Optional[int], typer.Option(
+                     help="The local Redis's auto-aof-rewrite-min-size in MB (default: Redis's 64 MB). Each AOF "
+                          "rewrite forks a child that takes a core for about a second.")] = None,
                  json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write the results here.")]
                  = None) -> None:
     """Requests/s, reports/s and p50/p99 latency of `ldp ingest` at saturation and at half of it (single JSON
@@ -552,7 +555,7 @@ def bench_ingest(processes: Annotated[int, typer.Option(help="Processes of `ldp 
                       workloads=tuple(workload or ("json", "binary", "batch")), generator=generator,
                       start_clients=start_clients, max_clients=max_clients, worker=worker,
                       broker_storage=broker_storage, linger_ms=linger_ms, idempotency=idempotency, json_path=json_out,
-                      half_clients=half_clients)
+                      half_clients=half_clients, redis_aof_rewrite_mb=redis_aof_rewrite_mb)
     try:
         code = bench_main(cfg, console)
     except (ValueError, RuntimeError, TimeoutError) as exc:
