@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .debian import ensure_binary
+from .processes import log_tail, stop_child
 
 __all__ = ["HeadlessChromium", "chromium_binary"]
 
@@ -80,21 +81,13 @@ class HeadlessChromium:
         if self._session is not None:
             self._run(self._session.close())
             self._session = None
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.proc is not None:
+            stop_child(self.proc, 10)
         if not self._loop.is_closed():
             self._loop.close()
 
     def log_tail(self, lines: int = 20) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
+        return log_tail(self.log_path, lines)
 
     def __enter__(self) -> "HeadlessChromium":
         return self.start()

@@ -23,6 +23,7 @@ import yaml
 from stream_app.settings import free_port
 
 from .debian import ensure_binary
+from .processes import log_tail, stop_child
 
 __all__ = ["DEPLOYED_CONFIG", "PrometheusServer", "prometheus_binary", "promtool_binary", "render_config"]
 
@@ -119,19 +120,11 @@ class PrometheusServer:
             time.sleep(0.1)
 
     def stop(self, timeout: float = 15.0) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.proc is not None:
+            stop_child(self.proc, timeout)
 
     def log_tail(self, lines: int = 30) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
+        return log_tail(self.log_path, lines)
 
     # ------------------------------------------------------------------ HTTP API
     def api(self, path: str, **params: Any) -> Any:

@@ -626,10 +626,9 @@ class _Ingest:
         raise TimeoutError(f"ldp ingest not ready after {timeout} s:\n{self.log_tail()}")
 
     def log_tail(self, lines: int = 30) -> str:
-        try:
-            return "\n".join((self.run_dir / "ingest.log").read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
+        from devtools.processes import log_tail
+
+        return log_tail(self.run_dir / "ingest.log", lines)
 
     def issue(self, n: int, relay: bool) -> list[str]:
         from stream_app.ingest.auth import DEVICE, RELAY, TokenAuthority

@@ -27,6 +27,13 @@ def _run(args: list[str]) -> None:
     assert result.exit_code == 0, result.output + repr(result.exception)
 
 
+def _experiment(factory: pytest.TempPathFactory, name: str, *options: str) -> Path:
+    """Run ``ldp experiment NAME OPTIONS`` into a fresh folder; return the folder."""
+    out = factory.mktemp(name)
+    _run(["experiment", name, *options, "--out", str(out)])
+    return out
+
+
 def _relative_tolerance(values: int, reps: int) -> float:
     return SIGMAS * math.sqrt(2.0 / values) / math.sqrt(reps)
 
@@ -53,9 +60,7 @@ def test_results_do_not_depend_on_the_number_of_workers() -> None:
 # ====================================================================== longitudinal (EDBT 2023)
 @pytest.fixture(scope="module")
 def longitudinal(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("longitudinal")
-    _run(["experiment", "longitudinal", "--quick", "--out", str(out)])
-    return out
+    return _experiment(tmp_path_factory, "longitudinal", "--quick")
 
 
 def _by(rows: list[dict], protocol: str) -> dict[tuple[float, float], dict]:
@@ -124,9 +129,7 @@ def test_bitflip_change_detection_table_2(longitudinal: Path) -> None:
 # ====================================================================== allomfree (DCN 2022)
 @pytest.fixture(scope="module")
 def allomfree(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("allomfree")
-    _run(["experiment", "allomfree", "--quick", "--out", str(out)])
-    return out
+    return _experiment(tmp_path_factory, "allomfree", "--quick")
 
 
 def test_allomfree_beats_l_sue_and_l_oue_at_every_eps(allomfree: Path) -> None:
@@ -168,9 +171,7 @@ def test_allomfree_files_and_loss(allomfree: Path) -> None:
 # ====================================================================== numerical (DCN 2022, EDBT 2023)
 @pytest.fixture(scope="module")
 def numerical(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("numerical")
-    _run(["experiment", "numerical", "--out", str(out)])
-    return out
+    return _experiment(tmp_path_factory, "numerical")
 
 
 def test_numerical_reproduces_table_1_and_shows_the_calibration_changes(numerical: Path) -> None:
@@ -197,9 +198,7 @@ def test_numerical_reproduces_table_1_and_shows_the_calibration_changes(numerica
 # ====================================================================== calibration (MSE against variance)
 @pytest.fixture(scope="module")
 def calibration(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("calibration")
-    _run(["experiment", "calibration", "--quick", "--out", str(out)])
-    return out
+    return _experiment(tmp_path_factory, "calibration", "--quick")
 
 
 def test_calibration_mse_matches_the_variance_for_every_protocol(calibration: Path) -> None:

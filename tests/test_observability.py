@@ -30,7 +30,7 @@ import uuid
 import warnings
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import pytest
@@ -62,11 +62,16 @@ BOUNDED_LABELS = {"campaign", "attribute", "value", "reason", "partition", "trig
                   "component", "status", "le"}
 
 
-def _skip_loudly(exc: ToolUnavailable) -> None:
-    message = f"SKIPPED, observability not proven: {exc}"
-    warnings.warn(message, stacklevel=2)
-    print(f"\n*** {message} ***", file=sys.stderr)
-    pytest.skip(message)
+def _installed_or_skip(find: Callable[[], str]) -> str:
+    """``find()`` (the path of a binary, installed with apt if missing), or a loud skip where this machine cannot
+    install packages."""
+    try:
+        return find()
+    except ToolUnavailable as exc:
+        message = f"SKIPPED, observability not proven: {exc}"
+        warnings.warn(message, stacklevel=2)
+        print(f"\n*** {message} ***", file=sys.stderr)
+        pytest.skip(message)
 
 
 def _get(url: str) -> bytes:
@@ -86,11 +91,7 @@ def _post_json(url: str, doc: Any) -> int:
 # ---------------------------------------------------------------------------- the observed pipeline
 @pytest.fixture(scope="module")
 def prometheus_bin() -> str:
-    try:
-        return prometheus_binary()
-    except ToolUnavailable as exc:
-        _skip_loudly(exc)
-        raise
+    return _installed_or_skip(prometheus_binary)
 
 
 @pytest.fixture(scope="module")
@@ -336,11 +337,7 @@ _CHARTS_JS = """[...document.querySelectorAll('figure.chart')].map(f => ({
 def chromium_bin() -> str:
     from devtools.browser import chromium_binary
 
-    try:
-        return chromium_binary()
-    except ToolUnavailable as exc:
-        _skip_loudly(exc)
-        raise
+    return _installed_or_skip(chromium_binary)
 
 
 def test_dashboard_page_in_headless_chromium(pipeline, chromium_bin, tmp_path) -> None:
