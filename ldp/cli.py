@@ -9,7 +9,6 @@ from typing import Annotated, Any, Optional
 import numpy as np
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
 import estimators
@@ -18,6 +17,7 @@ from estimators.errors import LDPError
 from stream_app.settings import setting_specs
 
 from .options import build
+from .terminal import progress_bar
 
 app = typer.Typer(help="ldp-stream: telemetry under local differential privacy.", no_args_is_help=True,
                   pretty_exceptions_show_locals=False, add_completion=False)
@@ -41,10 +41,6 @@ SIMULATION_BANNER = ("[bold yellow]SIMULATION MODE[/]: --seed {seed} seeds every
                      "the reports are reproducible by anyone who knows the seed and are NOT private.")
 CAL = Annotated[str, typer.Option(help="p2 calibration of L-GRR and LOLOHA: exact or paper.")]
 
-
-def progress() -> Progress:
-    return Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TimeElapsedColumn(), TimeRemainingColumn(), console=console, transient=False)
 
 
 def _fail(exc: Exception) -> None:
@@ -129,7 +125,7 @@ def simulate(n: Annotated[int, typer.Option(help="Devices in the simulated fleet
     states = {name: p.new_state(n, rng=np.random.default_rng(seed + 2)) for name, p in protos.items()}
     sq_err = {name: [] for name in protos}
     last: dict[str, np.ndarray] = {}
-    with progress() as bar:
+    with progress_bar(console) as bar:
         task = bar.add_task("randomize → support → estimate", total=steps * len(protos))
         for _t in range(steps):
             values = pop.step()
@@ -243,7 +239,7 @@ def audit(protocol: Annotated[Optional[str], typer.Argument(help="Protocol to au
             console.print(f"[yellow]{_ROUND_TITLES[r]}: not applicable (no memoizing protocol)[/yellow]")
             continue
         results = []
-        with progress() as bar:
+        with progress_bar(console) as bar:
             for job in jobs:
                 task = bar.add_task(f"{r} {job.proto!r}"[:60], total=job.reports(trials))
                 try:
@@ -307,7 +303,7 @@ def bench_protocols(k: K = 100, n: Annotated[int, typer.Option(help="Reports per
                ("OLH", "agg"): 50, ("LOLOHA", "agg"): 50}
     targets.update({(_solution_label(*s), kind): 20 for s in sols for kind in ("rand", "agg")})
     rows, sol_rows, prefixes = [], [], []
-    with progress() as bar:
+    with progress_bar(console) as bar:
         task = bar.add_task("benchmarking", total=len(names) + len(sols))
         for name in names:
             bar.update(task, description=f"bench {name}")
@@ -652,7 +648,7 @@ def produce(campaign: CAMPAIGN = Path("deploy/campaigns/demo.toml"), kafka: KAFK
                   "randomness: 256-bit device keys and batch noise keys from the OS CSPRNG (ChaCha20 streams)")
     console.print(f"fleet of {devices:,} devices x {len(camp.attributes)} attributes x {steps} steps "
                   f"= {total:,} reports → {bootstrap}")
-    with progress() as bar:
+    with progress_bar(console) as bar:
         task = bar.add_task("publishing", total=total)
 
         def hook(p) -> None:

@@ -25,9 +25,10 @@ from typing import Annotated, Any, Callable, Iterable, Optional, Sequence, TypeV
 import numpy as np
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from estimators.randomness import SimulationWarning
+
+from ..terminal import progress_bar
 
 # The options every experiment takes (``ldp experiment NAME --quick --out DIR --workers N --seed S``).
 QuickOption = Annotated[bool, typer.Option("--quick", help="CI-sized run (under a minute).")]
@@ -43,11 +44,6 @@ SIMULATION_BANNER = ("[bold yellow]SIMULATION MODE[/]: --seed {seed} seeds every
 T = TypeVar("T")
 R = TypeVar("R")
 
-
-def progress() -> Progress:
-    """The CLI's progress bar (as :func:`ldp.cli.progress`)."""
-    return Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TimeElapsedColumn(), TimeRemainingColumn(), console=console, transient=False)
 
 
 def default_workers() -> int:
@@ -91,7 +87,7 @@ def run_tasks(fn: Callable[[T], R], tasks: Sequence[T], description: str, worker
     """
     workers = default_workers() if workers is None else max(1, int(workers))
     results: list[Any] = [None] * len(tasks)
-    with progress() as bar:
+    with progress_bar(console) as bar:
         tid = bar.add_task(description, total=len(tasks))
         if workers == 1 or len(tasks) <= 1:
             for i, task in enumerate(tasks):
