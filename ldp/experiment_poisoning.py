@@ -35,6 +35,7 @@ from estimators import poisoning as P
 from estimators.randomness import SimulationWarning
 from producers.datasets import zipf_weights
 
+from .experiments.runner import floats
 from .options import build
 
 if TYPE_CHECKING:
@@ -206,12 +207,6 @@ def register(group: typer.Typer) -> None:
 
     console = Console()
 
-    def _floats(text: str, what: str) -> tuple[float, ...]:
-        try:
-            return tuple(float(x) for x in text.split(",") if x.strip())
-        except ValueError:
-            raise typer.BadParameter(f"{what}: a comma-separated list of numbers, got {text!r}") from None
-
     @group.command("poisoning")
     def poisoning(
             protocol: Annotated[Optional[list[str]], typer.Option(
@@ -241,8 +236,8 @@ def register(group: typer.Typer) -> None:
         console.print(f"[bold yellow]SIMULATION MODE[/]: --seed {seed} seeds every device and attacker draw; "
                       "the reports are NOT private.")
         try:
-            rows = run(protocol or DEFAULT_PROTOCOLS, _floats(eps, "--eps"), attack or DEFAULT_ATTACKS,
-                       _floats(betas, "--betas"), n=n, k=k, r=targets, seed=seed, alpha=alpha)
+            rows = run(protocol or DEFAULT_PROTOCOLS, floats(eps, "--eps"), attack or DEFAULT_ATTACKS,
+                       floats(betas, "--betas"), n=n, k=k, r=targets, seed=seed, alpha=alpha)
         except LDPError as exc:
             console.print(f"[red]error:[/red] {exc}")
             raise typer.Exit(2)

@@ -211,8 +211,6 @@ def mean_sd(values: Sequence[float]) -> tuple[float, float]:
 
 def floats(text: str, what: str) -> tuple[float, ...]:
     """A comma-separated list of numbers (CLI option parsing)."""
-    import typer
-
     try:
         return tuple(float(x) for x in text.split(",") if x.strip())
     except ValueError:
