@@ -21,10 +21,9 @@ Everything is seeded (simulation mode: the reports are NOT private).
 """
 from __future__ import annotations
 
-import csv
 import math
 import warnings
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Callable, Optional, Sequence
 
@@ -35,6 +34,7 @@ from estimators import poisoning as P
 from estimators.randomness import SimulationWarning
 from producers.datasets import zipf_weights
 
+from .experiments import runner
 from .experiments.runner import floats
 from .options import build
 
@@ -129,23 +129,13 @@ def run(protocols: Sequence[str] = DEFAULT_PROTOCOLS, eps_values: Sequence[float
 
 def write_csv(rows: Sequence[Row], path: Path) -> None:
     """One line per row, the dataclass fields plus ``drop``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    names = [f.name for f in fields(Row)] + ["drop"]
-    with open(path, "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=names)
-        w.writeheader()
-        for row in rows:
-            w.writerow({**asdict(row), "drop": row.drop})
+    runner.write_csv([{**asdict(row), "drop": row.drop} for row in rows], path)
 
 
 def plot(rows: Sequence[Row], path: Path) -> None:
     """Gain vs β: one panel per (protocol, attack), one colour per ε; solid = no defense,
     dashed = defended, dotted = Cao et al.'s expected gain."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = runner.pyplot()
     protos = list(dict.fromkeys(r.protocol for r in rows))
     attacks = list(dict.fromkeys(r.attack for r in rows if r.attack != "none"))
     eps_values = list(dict.fromkeys(r.eps for r in rows))
@@ -177,9 +167,7 @@ def plot(rows: Sequence[Row], path: Path) -> None:
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="upper center", ncol=max(1, len(labels)), fontsize=8)
     fig.tight_layout(rect=(0, 0, 1, 0.94))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    runner.save_figure(fig, path, dpi=120)
 
 
 # ====================================================================== the command
