@@ -24,7 +24,7 @@ import pytest
 
 from devtools.processes import stop_child
 from devtools.workers import WorkerProcess, read_counts, unique_campaign_file, wait_for_counts
-from stream_app.ingest.auth import RELAY, DeviceSecret, TokenAuthority
+from stream_app.ingest.auth import RELAY, TOKEN_PREFIX, DeviceSecret, TokenAuthority
 from stream_app.settings import free_port
 from wire.campaign import Campaign, step_at
 from wire.compact import CONTENT_TYPE as COMPACT, encode_compact
@@ -348,6 +348,28 @@ def test_a_retry_after_a_crash_is_in_doubt_never_published_twice(env):
             await store.close()
 
     assert asyncio.run(run()) == ["new", "in_progress", "in_doubt", "replay", "rate_limited"]
+
+
+def test_token_tags_and_keyed_hashes_are_hmac_sha256_of_the_derived_keys():
+    """The authority's keyed hashes (computed from a keyed state copied per message) are the plain HMAC-SHA256
+    of the module doc: tokens, rate-limit slots and request ids stay what other issuers compute."""
+    import hashlib
+    import hmac
+
+    secret = DeviceSecret.generate()
+    authority = TokenAuthority(secret)
+    k_token, k_rate, k_idem = (secret.derive(label) for label in ("token", "rate", "idempotency"))
+    token = authority.issue(60.0, token_id=bytes(range(16)))
+    text = token.removeprefix(TOKEN_PREFIX)
+    raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+    assert raw[-32:] == hmac.digest(k_token, raw[:-32], hashlib.sha256)
+    device = bytes(range(16, 32))
+    for campaign, t, attr in (("c1", 5, "os"), ("c1", 6, "os"), ("c2", 5, "app_version")):
+        step_key = hmac.digest(k_rate, f"rate|{campaign}|{t}".encode(), hashlib.sha256)
+        assert authority.rate_slot(campaign, t, device, attr) == \
+            hmac.digest(step_key, device + attr.encode(), hashlib.sha256)[:16]
+    assert authority.request_id(device, "key-1") == hmac.digest(k_idem, device + b"key-1", hashlib.sha256)[:16]
+    assert authority.rate_slot("c1", 5, device, "os") != authority.rate_slot("c1", 5, device[::-1], "os")
 
 
 def test_the_worker_post_reports_is_disabled_without_a_secret_or_open_mode():

@@ -56,4 +56,21 @@ def use_multiprocess_values() -> None:
     from prometheus_client import values
 
     if os.environ.get(MULTIPROC_ENV) and not getattr(values.ValueClass, "_multiprocess", False):
-        values.ValueClass = values.MultiProcessValue()
+        values.ValueClass = values.MultiProcessValue(process_identifier=_process_id)
+
+
+_pid = os.getpid()
+
+
+def _refresh_pid() -> None:
+    global _pid
+    _pid = os.getpid()
+
+
+os.register_at_fork(after_in_child=_refresh_pid)
+
+
+def _process_id() -> int:
+    """This process's id, kept up to date across forks: prometheus_client asks for it at every increment (to
+    notice a fork), and ``os.getpid`` is a system call each time."""
+    return _pid
