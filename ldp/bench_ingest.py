@@ -17,6 +17,12 @@ counts from its scheduled time, so a stalled server cannot hide its queue (no co
 That point uses the saturation's connections, at most :data:`HALF_CLIENTS_MAX` (``--half-clients``):
 since a request waiting for a free connection waits on the clock too, fewer connections hide nothing,
 while more of them only make the server read its requests in larger bursts.
+Before each open-loop point the local Redis's append-only file is rewritten (``BGREWRITEAOF``, waited
+for; ``--no-compact-redis`` skips it): the saturation search writes a few hundred MB of rate-limit slots
+and idempotency records, and Redis rewrites its AOF each time the file doubled, in a forked child that
+takes one of the machine's cores for seconds on a dataset that size. Left alone, that rewrite falls into
+the following point at random, an artefact of running Redis on the ingest's two cores (a Redis host
+rewrites on its own cores); each point reports the rewrites that ran during it (``AOF rewrites``).
 Each point gives requests/s and reports/s acknowledged (2xx), p50/p99 latency, the refusals, and
 the CPU (in cores) of the ingest processes, the broker, Redis and the load generator, and the ingest's CPU
 microseconds per answered request (the figure that does not depend on what else loads the machine).
@@ -118,6 +124,7 @@ class Point:
     total_ok: int = 0           # 2xx answers over the whole run (warm-up included): reports acknowledged
     cpu: dict[str, float] = field(default_factory=dict)  # cores used during the run, by process group
     run_seconds: float = 0.0    # the whole run (warm-up included), over which ``cpu`` is measured
+    redis_rewrites: int | None = None  # AOF rewrites the local Redis started or finished during the run
 
     @property
     def requests_s(self) -> float:
@@ -138,7 +145,7 @@ class Point:
                 "seconds": round(self.seconds, 3), "ok": self.ok, "requests_s": round(self.requests_s, 1),
                 "reports_s": round(self.reports_s, 1), "p50_ms": round(self.p50_ms, 3),
                 "p99_ms": round(self.p99_ms, 3), "failed": self.failed,
-                "cpu_cores": {k: round(v, 2) for k, v in self.cpu.items()},
+                "cpu_cores": {k: round(v, 2) for k, v in self.cpu.items()}, "redis_aof_rewrites": self.redis_rewrites,
                 "ingest_cpu_us_per_request": round(self.ingest_us, 1)}
 
 
@@ -500,6 +507,7 @@ class BenchConfig:
     json_path: Path | None = None
     half_clients: int | None = None  # connections of the open-loop point (default: HALF_CLIENTS_MAX at most)
     redis_aof_rewrite_mb: int | None = None  # Redis's auto-aof-rewrite-min-size (None: Redis's default, 64 MB)
+    compact_redis: bool = True  # rewrite the local Redis's AOF before each open-loop point (module doc)
 
 
 BENCH_ATTRIBUTE = "app_version"
@@ -645,6 +653,37 @@ class _Ingest:
             out["worker"] = [self.worker.proc.pid]
         return out
 
+    def _redis(self) -> Any:
+        import redis
+
+        return redis.Redis.from_url(self.stack.info.redis_url)
+
+    def aof_rewrites(self) -> int:
+        """AOF rewrites of the local Redis so far, the one under way included."""
+        with self._redis() as r:
+            info = r.info("persistence")
+        return int(info.get("aof_rewrites", 0)) + int(info["aof_rewrite_in_progress"]) + \
+            int(info["aof_rewrite_scheduled"])
+
+    def compact_redis(self, timeout: float = 600.0) -> float:
+        """Rewrite the local Redis's AOF now (``BGREWRITEAOF``) and wait for the rewrite; returns its seconds."""
+        start = time.monotonic()
+        with self._redis() as r:
+            while r.info("persistence")["aof_rewrite_in_progress"]:  # one started by the load: let it end first
+                self._wait(start, timeout)
+            r.bgrewriteaof()
+            while True:
+                info = r.info("persistence")
+                if not (info["aof_rewrite_in_progress"] or info["aof_rewrite_scheduled"]):
+                    return time.monotonic() - start
+                self._wait(start, timeout)
+
+    @staticmethod
+    def _wait(start: float, timeout: float) -> None:
+        if time.monotonic() - start > timeout:
+            raise TimeoutError(f"the local Redis's AOF rewrite took more than {timeout:.0f} s")
+        time.sleep(0.1)
+
     def published(self) -> float | None:
         """``ldp_ingest_reports_total`` summed over the ingest's processes (``None`` if unavailable)."""
         try:
@@ -683,14 +722,16 @@ class _Ingest:
             self.stack.down()
 
 
-def _measure(gen: Any, work: Workload, clients: int, cfg: BenchConfig, pids: Callable[[], dict[str, list[int]]],
+def _measure(gen: Any, work: Workload, clients: int, cfg: BenchConfig, ingest: _Ingest,
              rate: float | None = None, expect: int = 10_000) -> Point:
-    """One point, with the CPU of every process group over its run."""
-    roots = pids()
+    """One point, with the CPU of every process group and the local Redis's AOF rewrites over its run."""
+    roots = ingest.pids()
+    rewrites = ingest.aof_rewrites()
     before, gen_before, wall = _cpu_of(roots), _self_cpu(), time.perf_counter()
     p = gen.run(work, clients, cfg.seconds, cfg.warmup, rate=rate, expect=expect)
     wall = time.perf_counter() - wall
     after, gen_after = _cpu_of(roots), _self_cpu()
+    p.redis_rewrites = ingest.aof_rewrites() - rewrites
     p.cpu = {k: (after[k] - before[k]) / wall for k in roots}
     p.cpu["generator"] = (gen_after - gen_before) / wall
     p.run_seconds = wall
@@ -735,16 +776,19 @@ def run_bench(cfg: BenchConfig, on_status: Callable[[str], None] = print,
 
                 def measure(clients: int) -> Point:
                     expect = int(max(2000, 3 * last[0] * (cfg.warmup + cfg.seconds + 1)))
-                    p = _measure(closed, work, clients, cfg, ingest.pids, expect=expect)
+                    p = _measure(closed, work, clients, cfg, ingest, expect=expect)
                     last[0] = max(last[0], p.requests_s)
                     return p
 
                 curve = find_saturation(measure, cfg.start_clients, cfg.max_clients, on_point=on_point)
                 sat = max(curve, key=lambda p: p.requests_s)
                 rate = sat.requests_s / 2
+                if cfg.compact_redis:
+                    on_status(f"{work.name}: rewriting the local Redis's AOF grown by the saturation search")
+                    on_status(f"{work.name}: AOF rewritten in {ingest.compact_redis():.1f} s")
                 on_status(f"{work.name}: open loop at half the saturation, {rate:,.0f} requests/s")
                 clients = cfg.half_clients or max(min(sat.clients, HALF_CLIENTS_MAX), 4)
-                half = _measure(python, work, clients, cfg, ingest.pids, rate=rate,
+                half = _measure(python, work, clients, cfg, ingest, rate=rate,
                                 expect=int(rate * (cfg.warmup + cfg.seconds) * 1.2) + 100)
                 if on_point:
                     on_point(half)
@@ -760,6 +804,7 @@ def run_bench(cfg: BenchConfig, on_status: Callable[[str], None] = print,
         shutil.rmtree(run_dir, ignore_errors=True)
     doc = {"processes": cfg.processes, "generator": "wrk" if use_wrk else "python", "cpus": os.cpu_count(),
            "broker_storage": cfg.broker_storage, "redis_aof_rewrite_mb": cfg.redis_aof_rewrite_mb or 64,
+           "redis_compacted_before_half": cfg.compact_redis,
            "acknowledged_reports": acknowledged, "published_reports": published,
            "counted_reports": counted,
            "workloads": [{"workload": r.workload, "saturation": r.saturation.as_dict(), "half": r.half.as_dict(),
@@ -793,10 +838,12 @@ def render(doc: dict[str, Any], console: Any) -> None:
 
     t = Table(title=f"ldp bench ingest: {doc['processes']} ingest process(es), {doc['cpus']} CPUs, load generator "
                     f"{doc['generator']} (closed loop) + python (open loop), {doc['broker_storage']} broker storage, "
-                    f"Redis AOF rewrite from {doc['redis_aof_rewrite_mb']} MB")
+                    f"Redis AOF rewrite from {doc['redis_aof_rewrite_mb']} MB"
+                    f"{' and before each open-loop point' if doc['redis_compacted_before_half'] else ''}")
     worker = any("worker" in p.cpu for r in doc["results"] for p in (r.saturation, r.half))
     for col in ("workload", "point", "clients", "requests/s", "reports/s", "p50", "p99", "refused/errors",
-                "CPU ingest", "µs/request", "broker", "redis", "generator", *(("worker",) if worker else ())):
+                "CPU ingest", "µs/request", "broker", "redis", "generator", *(("worker",) if worker else ()),
+                "AOF rewrites"):
         t.add_column(col, justify="left" if col in ("workload", "point", "refused/errors") else "right")
     for r in doc["results"]:
         for label, p in (("saturation", r.saturation), ("half (open loop)", r.half)):
@@ -805,7 +852,8 @@ def render(doc: dict[str, Any], console: Any) -> None:
                       ", ".join(f"{k}: {v}" for k, v in p.failed.items()) or "-",
                       f"{p.cpu.get('ingest', 0):.2f}", f"{p.ingest_us:.0f}", f"{p.cpu.get('broker', 0):.2f}",
                       f"{p.cpu.get('redis', 0):.2f}",
-                      f"{p.cpu.get('generator', 0):.2f}", *((f"{p.cpu.get('worker', 0):.2f}",) if worker else ()))
+                      f"{p.cpu.get('generator', 0):.2f}", *((f"{p.cpu.get('worker', 0):.2f}",) if worker else ()),
+                      "-" if p.redis_rewrites is None else str(p.redis_rewrites))
     console.print(t)
     for r in doc["results"]:
         curve = "  ".join(f"{p.clients}: {_fmt_rate(p.requests_s)}" for p in r.curve)
@@ -824,6 +872,7 @@ def main(cfg: BenchConfig, console: Any) -> int:
     def point(p: Point) -> None:
         what = f"open loop {p.rate:,.0f}/s" if p.rate else f"{p.clients} clients"
         errs = f"  refused/errors {p.failed}" if p.failed else ""
+        errs += f"  Redis AOF rewrites {p.redis_rewrites}" if p.redis_rewrites else ""
         console.print(f"[dim]  {p.workload:<13} {what:>22}: {_fmt_rate(p.requests_s):>8} requests/s "
                       f"{_fmt_rate(p.reports_s):>10} reports/s  p50 {p.p50_ms:7.2f} ms  p99 {p.p99_ms:7.2f} ms"
                       f"{errs}[/dim]")

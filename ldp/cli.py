@@ -541,6 +541,9 @@ def bench_ingest(processes: Annotated[int, typer.Option(help="Processes of `ldp 
                  redis_aof_rewrite_mb: Annotated[Optional[int], typer.Option(
                      help="The local Redis's auto-aof-rewrite-min-size in MB (default: Redis's 64 MB). Each AOF "
                           "rewrite forks a child that takes a core for about a second.")] = None,
+                 compact_redis: Annotated[bool, typer.Option(
+                     help="Rewrite the local Redis's AOF before each open-loop point, so that the rewrite the "
+                          "saturation search's writes would trigger does not fall into it.")] = True,
                  json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write the results here.")]
                  = None) -> None:
     """Requests/s, reports/s and p50/p99 latency of `ldp ingest` at saturation and at half of it (single JSON
@@ -551,7 +554,7 @@ def bench_ingest(processes: Annotated[int, typer.Option(help="Processes of `ldp 
                       workloads=tuple(workload or ("json", "binary", "batch")), generator=generator,
                       start_clients=start_clients, max_clients=max_clients, worker=worker,
                       broker_storage=broker_storage, linger_ms=linger_ms, idempotency=idempotency, json_path=json_out,
-                      half_clients=half_clients, redis_aof_rewrite_mb=redis_aof_rewrite_mb)
+                      half_clients=half_clients, redis_aof_rewrite_mb=redis_aof_rewrite_mb, compact_redis=compact_redis)
     try:
         code = bench_main(cfg, console)
     except (ValueError, RuntimeError, TimeoutError) as exc:

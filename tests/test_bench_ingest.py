@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -139,9 +140,13 @@ def test_bench_ingest_smoke(tmp_path):
     for w in doc["workloads"]:
         for p in (w["saturation"], w["half"], *w["curve"]):
             assert p["ok"] > 0 and not p["failed"] and p["p50_ms"] <= p["p99_ms"]
+            assert isinstance(p["redis_aof_rewrites"], int) and p["redis_aof_rewrites"] >= 0
         assert w["half"]["rate"] == pytest.approx(w["saturation"]["requests_s"] / 2, rel=1e-6)
     # every acknowledged report was published (a few more may have been in flight when a point ended), and the
     # worker counted exactly what was published
     assert doc["published_reports"] >= doc["acknowledged_reports"] > 0
     assert doc["counted_reports"] == doc["published_reports"]
+    # the local Redis's AOF is rewritten before each open-loop point (the rewrite forks a child that takes a core)
+    assert doc["redis_compacted_before_half"] is True
+    assert len(re.findall(r"AOF rewritten in [0-9.]+ s", run.stdout)) == len(doc["workloads"])
     assert "ldp bench ingest" in run.stdout and time.monotonic() - t0 < 600
