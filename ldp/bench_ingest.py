@@ -508,6 +508,7 @@ class BenchConfig:
     half_clients: int | None = None  # connections of the open-loop point (default: HALF_CLIENTS_MAX at most)
     redis_aof_rewrite_mb: int | None = None  # Redis's auto-aof-rewrite-min-size (None: Redis's default, 64 MB)
     compact_redis: bool = True  # rewrite the local Redis's AOF before each open-loop point (module doc)
+    rate: float | None = None  # open loop at this many requests/s instead of half the saturation (no search)
 
 
 BENCH_ATTRIBUTE = "app_version"
@@ -742,8 +743,8 @@ def _measure(gen: Any, work: Workload, clients: int, cfg: BenchConfig, ingest: _
 class WorkloadResult:
     workload: str
     curve: list[Point]
-    saturation: Point
-    half: Point
+    saturation: Point | None  # None with ``--rate`` (no saturation search)
+    half: Point               # the open-loop point: half the saturation, or ``--rate``
 
 
 def run_bench(cfg: BenchConfig, on_status: Callable[[str], None] = print,
@@ -753,6 +754,8 @@ def run_bench(cfg: BenchConfig, on_status: Callable[[str], None] = print,
         raise ValueError(f"unknown generator {cfg.generator!r}: auto, wrk or python")
     unknown = [w for w in cfg.workloads if w not in ("json", "binary", "batch")]
     counts = (cfg.processes, cfg.batch, cfg.start_clients, 1 if cfg.half_clients is None else cfg.half_clients)
+    if cfg.rate is not None and not cfg.rate > 0:
+        raise ValueError(f"--rate must be > 0 requests/s, got {cfg.rate}")
     if unknown or not cfg.workloads or min(counts) < 1:
         raise ValueError(f"unknown workload(s) {unknown}: json, binary, batch" if unknown else
                          "give a workload; --processes, --batch, --start-clients and --half-clients must be >= 1")
@@ -770,24 +773,28 @@ def run_bench(cfg: BenchConfig, on_status: Callable[[str], None] = print,
         closed = WrkLoad(host, port) if use_wrk else python
         try:
             for work in works:
-                on_status(f"{work.name}: saturation search ({closed.name}, {cfg.warmup:g} s warm-up + "
-                          f"{cfg.seconds:g} s per point)")
-                last = [1000.0]
+                curve: list[Point] = []
+                sat: Point | None = None
+                if cfg.rate is None:
+                    on_status(f"{work.name}: saturation search ({closed.name}, {cfg.warmup:g} s warm-up + "
+                              f"{cfg.seconds:g} s per point)")
+                    last = [1000.0]
 
-                def measure(clients: int) -> Point:
-                    expect = int(max(2000, 3 * last[0] * (cfg.warmup + cfg.seconds + 1)))
-                    p = _measure(closed, work, clients, cfg, ingest, expect=expect)
-                    last[0] = max(last[0], p.requests_s)
-                    return p
+                    def measure(clients: int) -> Point:
+                        expect = int(max(2000, 3 * last[0] * (cfg.warmup + cfg.seconds + 1)))
+                        p = _measure(closed, work, clients, cfg, ingest, expect=expect)
+                        last[0] = max(last[0], p.requests_s)
+                        return p
 
-                curve = find_saturation(measure, cfg.start_clients, cfg.max_clients, on_point=on_point)
-                sat = max(curve, key=lambda p: p.requests_s)
-                rate = sat.requests_s / 2
+                    curve = find_saturation(measure, cfg.start_clients, cfg.max_clients, on_point=on_point)
+                    sat = max(curve, key=lambda p: p.requests_s)
+                rate = sat.requests_s / 2 if sat is not None else cfg.rate
                 if cfg.compact_redis:
-                    on_status(f"{work.name}: rewriting the local Redis's AOF grown by the saturation search")
+                    on_status(f"{work.name}: rewriting the local Redis's AOF")
                     on_status(f"{work.name}: AOF rewritten in {ingest.compact_redis():.1f} s")
-                on_status(f"{work.name}: open loop at half the saturation, {rate:,.0f} requests/s")
-                clients = cfg.half_clients or max(min(sat.clients, HALF_CLIENTS_MAX), 4)
+                on_status(f"{work.name}: open loop at " + (f"half the saturation, {rate:,.0f} requests/s" if sat else
+                                                           f"{rate:,.0f} requests/s (--rate)"))
+                clients = cfg.half_clients or max(min(sat.clients if sat else HALF_CLIENTS_MAX, HALF_CLIENTS_MAX), 4)
                 half = _measure(python, work, clients, cfg, ingest, rate=rate,
                                 expect=int(rate * (cfg.warmup + cfg.seconds) * 1.2) + 100)
                 if on_point:
@@ -807,16 +814,20 @@ def run_bench(cfg: BenchConfig, on_status: Callable[[str], None] = print,
            "redis_compacted_before_half": cfg.compact_redis,
            "acknowledged_reports": acknowledged, "published_reports": published,
            "counted_reports": counted,
-           "workloads": [{"workload": r.workload, "saturation": r.saturation.as_dict(), "half": r.half.as_dict(),
+           "rate": cfg.rate,
+           "workloads": [{"workload": r.workload, "saturation": r.saturation.as_dict() if r.saturation else None,
+                          "half": r.half.as_dict(),
                           "curve": [p.as_dict() for p in r.curve]} for r in results]}
     doc["results"] = results
     return doc
 
 
 def targets_met(doc: dict[str, Any]) -> dict[str, bool]:
-    """Which of :data:`TARGETS` the run met (for the workloads it measured)."""
+    """Which of :data:`TARGETS` the run met (for the workloads it measured; none with ``--rate``)."""
     out = {}
     for r in doc["results"]:
+        if r.saturation is None:
+            continue
         if r.saturation.reports_per_request == 1:
             out[f"{r.workload}: >= {TARGETS['single_requests_s']:,} requests/s"] = \
                 r.saturation.requests_s >= TARGETS["single_requests_s"]
@@ -840,13 +851,15 @@ def render(doc: dict[str, Any], console: Any) -> None:
                     f"{doc['generator']} (closed loop) + python (open loop), {doc['broker_storage']} broker storage, "
                     f"Redis AOF rewrite from {doc['redis_aof_rewrite_mb']} MB"
                     f"{' and before each open-loop point' if doc['redis_compacted_before_half'] else ''}")
-    worker = any("worker" in p.cpu for r in doc["results"] for p in (r.saturation, r.half))
+    worker = any("worker" in p.cpu for r in doc["results"] for p in (r.saturation, r.half) if p is not None)
     for col in ("workload", "point", "clients", "requests/s", "reports/s", "p50", "p99", "refused/errors",
                 "CPU ingest", "µs/request", "broker", "redis", "generator", *(("worker",) if worker else ()),
                 "AOF rewrites"):
         t.add_column(col, justify="left" if col in ("workload", "point", "refused/errors") else "right")
     for r in doc["results"]:
-        for label, p in (("saturation", r.saturation), ("half (open loop)", r.half)):
+        for label, p in (("saturation", r.saturation), ("half (open loop)" if r.saturation else "open loop", r.half)):
+            if p is None:
+                continue
             t.add_row(r.workload, label, str(p.clients), _fmt_rate(p.requests_s), _fmt_rate(p.reports_s),
                       f"{p.p50_ms:.2f} ms", f"{p.p99_ms:.2f} ms",
                       ", ".join(f"{k}: {v}" for k, v in p.failed.items()) or "-",
@@ -855,7 +868,7 @@ def render(doc: dict[str, Any], console: Any) -> None:
                       f"{p.cpu.get('generator', 0):.2f}", *((f"{p.cpu.get('worker', 0):.2f}",) if worker else ()),
                       "-" if p.redis_rewrites is None else str(p.redis_rewrites))
     console.print(t)
-    for r in doc["results"]:
+    for r in [r for r in doc["results"] if r.curve]:
         curve = "  ".join(f"{p.clients}: {_fmt_rate(p.requests_s)}" for p in r.curve)
         console.print(f"[dim]{r.workload} saturation search, clients: requests/s  {curve}[/dim]")
     if doc["published_reports"] is not None:

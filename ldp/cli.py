@@ -544,6 +544,9 @@ def bench_ingest(processes: Annotated[int, typer.Option(help="Processes of `ldp 
                  compact_redis: Annotated[bool, typer.Option(
                      help="Rewrite the local Redis's AOF before each open-loop point, so that the rewrite the "
                           "saturation search's writes would trigger does not fall into it.")] = True,
+                 rate: Annotated[Optional[float], typer.Option(
+                     help="Only an open-loop point at this many requests/s per workload (no saturation search, "
+                          "no targets): the latency at the rate you expect.")] = None,
                  json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write the results here.")]
                  = None) -> None:
     """Requests/s, reports/s and p50/p99 latency of `ldp ingest` at saturation and at half of it (single JSON
@@ -554,7 +557,8 @@ def bench_ingest(processes: Annotated[int, typer.Option(help="Processes of `ldp 
                       workloads=tuple(workload or ("json", "binary", "batch")), generator=generator,
                       start_clients=start_clients, max_clients=max_clients, worker=worker,
                       broker_storage=broker_storage, linger_ms=linger_ms, idempotency=idempotency, json_path=json_out,
-                      half_clients=half_clients, redis_aof_rewrite_mb=redis_aof_rewrite_mb, compact_redis=compact_redis)
+                      half_clients=half_clients, redis_aof_rewrite_mb=redis_aof_rewrite_mb, compact_redis=compact_redis,
+                      rate=rate)
     try:
         code = bench_main(cfg, console)
     except (ValueError, RuntimeError, TimeoutError) as exc:

@@ -150,3 +150,24 @@ def test_bench_ingest_smoke(tmp_path):
     assert doc["redis_compacted_before_half"] is True
     assert len(re.findall(r"AOF rewritten in [0-9.]+ s", run.stdout)) == len(doc["workloads"])
     assert "ldp bench ingest" in run.stdout and time.monotonic() - t0 < 600
+
+
+def test_bench_ingest_at_a_given_rate_runs_only_the_open_loop_point(tmp_path):
+    """``--rate``: one open-loop point per workload at that rate, no saturation search, no targets."""
+    out = tmp_path / "bench.json"
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    cmd = [sys.executable, "-m", "ldp", "bench", "ingest", "--processes", "1", "--seconds", "1", "--warmup", "0.3",
+           "-w", "binary", "--rate", "300", "--half-clients", "16", "--generator", "python", "--json", str(out)]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert doc["rate"] == 300 and [w["workload"] for w in doc["workloads"]] == ["binary x1"]
+    w = doc["workloads"][0]
+    assert w["saturation"] is None and w["curve"] == []
+    half = w["half"]
+    assert half["rate"] == 300 and half["clients"] == 16 and not half["failed"]
+    # an open-loop point keeps its schedule: 300/s over the measured second, within what a 1 s window allows
+    assert 240 <= half["requests_s"] <= 360, half
+    assert "saturation search" not in run.stdout and "met" not in run.stdout.split("reports acknowledged")[-1]
+    bad = subprocess.run([*cmd[:-2], "--rate", "0"], capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
+    assert bad.returncode != 0 and "--rate must be > 0" in bad.stdout + bad.stderr
