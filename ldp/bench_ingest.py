@@ -655,9 +655,9 @@ class _Ingest:
         return out
 
     def _redis(self) -> Any:
-        import redis
+        from stream_app.store import connect_sync
 
-        return redis.Redis.from_url(self.stack.info.redis_url)
+        return connect_sync(self.stack.info.redis_url)
 
     def aof_rewrites(self) -> int:
         """AOF rewrites of the local Redis so far, the one under way included."""
