@@ -25,7 +25,8 @@ the following point at random, an artefact of running Redis on the ingest's two 
 rewrites on its own cores); each point reports the rewrites that ran during it (``AOF rewrites``).
 Each point gives requests/s and reports/s acknowledged (2xx), p50/p99 latency, the refusals, and
 the CPU (in cores) of the ingest processes, the broker, Redis and the load generator, and the ingest's CPU
-microseconds per answered request (the figure that does not depend on what else loads the machine).
+microseconds per answered request (the figure that depends least on what else loads the machine, though it
+moves with the host's speed).
 
 Load generators: ``wrk`` (a C load generator: Debian/Ubuntu ``apt-get install wrk``, macOS ``brew
 install wrk``) runs the closed-loop points when it is on ``PATH``, since it costs the shared 2-core
@@ -794,7 +795,7 @@ def run_bench(cfg: BenchConfig, on_status: Callable[[str], None] = print,
                     on_status(f"{work.name}: AOF rewritten in {ingest.compact_redis():.1f} s")
                 on_status(f"{work.name}: open loop at " + (f"half the saturation, {rate:,.0f} requests/s" if sat else
                                                            f"{rate:,.0f} requests/s (--rate)"))
-                clients = cfg.half_clients or max(min(sat.clients if sat else HALF_CLIENTS_MAX, HALF_CLIENTS_MAX), 4)
+                clients = cfg.half_clients or (max(min(sat.clients, HALF_CLIENTS_MAX), 4) if sat else HALF_CLIENTS_MAX)
                 half = _measure(python, work, clients, cfg, ingest, rate=rate,
                                 expect=int(rate * (cfg.warmup + cfg.seconds) * 1.2) + 100)
                 if on_point:
