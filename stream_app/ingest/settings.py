@@ -21,6 +21,8 @@ so one environment serves both.
 - ``idempotency_seconds``: ``LDP_INGEST_IDEMPOTENCY_SECONDS``, ``--idempotency-seconds``
 - ``publish_timeout``: ``LDP_INGEST_PUBLISH_TIMEOUT``, ``--publish-timeout``
 - ``shutdown_timeout``: ``LDP_INGEST_SHUTDOWN_TIMEOUT``, ``--shutdown-timeout``
+- ``request_timeout``: ``LDP_INGEST_REQUEST_TIMEOUT``, ``--request-timeout``
+- ``keepalive_seconds``: ``LDP_INGEST_KEEPALIVE``, ``--keepalive``
 - ``open_mode``: ``LDP_INGEST_OPEN``, ``--open`` (development only: no credential, no rate limit)
 - ``loglevel``: ``LDP_LOGLEVEL``, ``--loglevel``
 
@@ -89,6 +91,11 @@ class IngestSettings:
     shutdown_timeout: float = _setting("LDP_INGEST_SHUTDOWN_TIMEOUT", ("--shutdown-timeout",),
                                        "After SIGTERM, wait this long (s) for the requests in flight.", float,
                                        default=10.0)
+    request_timeout: float = _setting("LDP_INGEST_REQUEST_TIMEOUT", ("--request-timeout",),
+                                      "A request must arrive whole within this long (s) of its first byte: 408 "
+                                      "after it (slow clients).", float, default=30.0)
+    keepalive_seconds: float = _setting("LDP_INGEST_KEEPALIVE", ("--keepalive",),
+                                        "Close a keep-alive connection idle this long (s).", float, default=75.0)
     open_mode: bool = _setting("LDP_INGEST_OPEN", ("--open",), "Development only: accept reports without a "
                                "credential (no rate limit).", parse_bool, default=False)
     loglevel: str = _setting("LDP_LOGLEVEL", ("--loglevel",), "Log level.", default="warning")
@@ -111,7 +118,7 @@ class IngestSettings:
         for name in ("max_late_seconds", "max_early_seconds"):
             if getattr(self, name) < 0:
                 raise SettingsError(f"{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("publish_timeout", "shutdown_timeout"):
+        for name in ("publish_timeout", "shutdown_timeout", "request_timeout", "keepalive_seconds"):
             if not getattr(self, name) > 0:
                 raise SettingsError(f"{name} must be > 0, got {getattr(self, name)}")
 

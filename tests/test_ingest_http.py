@@ -1,0 +1,377 @@
+"""The ingest's HTTP/1.1 server (stream_app/ingest/http.py) over real sockets: keep-alive, pipelining, chunked
+bodies, ``Expect: 100-continue``, the limits and timeouts, malformed requests and request smuggling, graceful
+stop; and the pre-fork supervisor (stream_app/ingest/prefork.py): processes sharing a port, a crashed one
+replaced, SIGTERM."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from stream_app.ingest.http import HttpLimits, HttpServer, Request, Response
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class ServerThread:
+    """An :class:`HttpServer` on its own event loop in a thread; the handler echoes what it got, as JSON (a
+    ``POST /slow`` waits for ``release``, ``/fail`` raises)."""
+
+    def __init__(self, limits: HttpLimits) -> None:
+        self.limits = limits
+        self.refusals: list[str] = []
+        self.seen: list[Request] = []
+        self.loop = asyncio.new_event_loop()
+        self.release = asyncio.Event()
+        self.server = HttpServer(self.handle, limits, on_refusal=self.refusals.append)
+        started = threading.Event()
+
+        def run() -> None:
+            asyncio.set_event_loop(self.loop)
+            self.loop.run_until_complete(self.server.start("127.0.0.1", 0, reuse_port=False))
+            started.set()
+            self.loop.run_forever()
+
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+        assert started.wait(10)
+        self.port = self.server.port
+
+    async def handle(self, request: Request) -> Response:
+        self.seen.append(request)
+        if request.path == "/slow":
+            await self.release.wait()
+        if request.path == "/fail":
+            raise RuntimeError("the handler failed")
+        doc = {"method": request.method, "path": request.path, "body": request.body.decode("latin-1"),
+               "too_large": request.too_large, "headers": request.headers}
+        return Response(200, (("content-type", "application/json"),), json.dumps(doc).encode())
+
+    def call(self, coro: Any, timeout: float = 30.0) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def close(self) -> None:
+        self.call(self.server.stop(1.0))
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+
+
+@pytest.fixture
+def server(request: Any) -> Iterator[ServerThread]:
+    limits = getattr(request, "param", None) or HttpLimits(max_body_bytes=1000, max_header_bytes=2048,
+                                                           request_seconds=2.0, keepalive_seconds=3.0, max_pipelined=4)
+    srv = ServerThread(limits)
+    yield srv
+    srv.close()
+
+
+def connect(srv: ServerThread) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+    sock.settimeout(10)
+    return sock
+
+
+def read_answer(sock: socket.socket, buf: bytearray) -> tuple[int, dict[str, str], bytes]:
+    """One answer from ``sock`` (``buf``: bytes read past the previous answer)."""
+    while b"\r\n\r\n" not in buf:
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise ConnectionError(f"closed before an answer; read {bytes(buf)!r}")
+        buf += chunk
+    end = buf.index(b"\r\n\r\n")
+    lines = bytes(buf[:end]).decode("latin-1").split("\r\n")
+    del buf[:end + 4]
+    status = int(lines[0].split()[1])
+    headers = {k.lower(): v.strip() for k, v in (line.split(":", 1) for line in lines[1:])}
+    length = int(headers["content-length"])
+    while len(buf) < length:
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise ConnectionError("closed within a body")
+        buf += chunk
+    body = bytes(buf[:length])
+    del buf[:length]
+    return status, headers, body
+
+
+def closed_by_server(sock: socket.socket) -> bool:
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+def post(path: str, body: bytes, extra: str = "") -> bytes:
+    return f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n{extra}\r\n".encode() + body
+
+
+def test_keep_alive_and_pipelined_requests_are_answered_in_order(server: ServerThread) -> None:
+    sock, buf = connect(server), bytearray()
+    sock.sendall(post("/a?x=1", b"one") + post("/b", b"two", "X-Twice: 1\r\nx-twice: 2\r\n") + post("/c", b""))
+    answers = [read_answer(sock, buf) for _ in range(3)]
+    assert [json.loads(b)["path"] for _, _, b in answers] == ["/a", "/b", "/c"]
+    assert [json.loads(b)["body"] for _, _, b in answers] == ["one", "two", ""]
+    assert json.loads(answers[1][2])["headers"]["x-twice"] == "1, 2"
+    assert all(s == 200 and "connection" not in h and "date" in h for s, h, _ in answers)
+    sock.sendall(post("/d", b"again"))  # the connection is still open
+    assert json.loads(read_answer(sock, buf)[2])["body"] == "again"
+
+
+def test_a_request_split_into_single_bytes_and_a_chunked_body(server: ServerThread) -> None:
+    sock, buf = connect(server), bytearray()
+    for byte in post("/split", b"abc"):
+        sock.sendall(bytes([byte]))
+    assert json.loads(read_answer(sock, buf)[2])["body"] == "abc"
+    sock.sendall(b"POST /chunked HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+                 b"3\r\nabc\r\n4\r\ndefg\r\n0\r\n\r\n")
+    assert json.loads(read_answer(sock, buf)[2])["body"] == "abcdefg"
+
+
+def test_http_1_0_and_connection_close(server: ServerThread) -> None:
+    sock, buf = connect(server), bytearray()
+    sock.sendall(b"GET /old HTTP/1.0\r\n\r\n")
+    status, headers, _ = read_answer(sock, buf)
+    assert status == 200 and headers["connection"] == "close" and closed_by_server(sock)
+    sock, buf = connect(server), bytearray()
+    sock.sendall(b"GET /ka HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
+    assert read_answer(sock, buf)[1]["connection"] == "keep-alive"
+    sock.sendall(post("/x", b"1", "Connection: close\r\n"))
+    assert read_answer(sock, buf)[1]["connection"] == "close" and closed_by_server(sock)
+
+
+def test_expect_100_continue(server: ServerThread) -> None:
+    sock, buf = connect(server), bytearray()
+    sock.sendall(b"POST /e HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n")
+    interim = sock.recv(100)
+    assert interim == b"HTTP/1.1 100 Continue\r\n\r\n"
+    sock.sendall(b"hello")
+    assert json.loads(read_answer(sock, buf)[2])["body"] == "hello"
+    # a body announced over the limit: no 100, the handler sees too_large at once, then the connection closes
+    sock.sendall(b"POST /e HTTP/1.1\r\nHost: x\r\nContent-Length: 5000\r\nExpect: 100-continue\r\n\r\n")
+    status, headers, body = read_answer(sock, buf)
+    assert json.loads(body)["too_large"] is True and headers["connection"] == "close" and closed_by_server(sock)
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_a_body_over_the_limit_is_not_read_and_closes_the_connection(server: ServerThread, chunked: bool) -> None:
+    sock, buf = connect(server), bytearray()
+    big = b"x" * 5000
+    if chunked:
+        sock.sendall(b"POST /big HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+                     + b"".join(b"%x\r\n%s\r\n" % (100, big[i:i + 100]) for i in range(0, 5000, 100)) + b"0\r\n\r\n")
+    else:
+        sock.sendall(post("/big", big))
+    status, headers, body = read_answer(sock, buf)
+    doc = json.loads(body)
+    assert doc["too_large"] is True and doc["body"] == "" and headers["connection"] == "close"
+    assert closed_by_server(sock)
+    assert len(server.seen) == 1  # the rest of the body was never parsed into a request
+
+
+def test_headers_over_the_limit_are_refused_with_431(server: ServerThread) -> None:
+    many = [b"GET / HTTP/1.1\r\n" + b"".join(b"X-%d: %s\r\n" % (i, b"v" * 50) for i in range(60)) + b"\r\n"]
+    endless = [b"GET / HTTP/1.1\r\nX-Long: "] + [b"v" * 1000] * 20  # one field that never ends, in several reads
+    for pieces in (many, endless):
+        sock, buf = connect(server), bytearray()
+        for piece in pieces:
+            try:
+                sock.sendall(piece)
+            except OSError:
+                break  # refused and closed already
+            time.sleep(0.05)
+        status, headers, body = read_answer(sock, buf)
+        assert status == 431 and json.loads(body)["error"] == "headers_too_large" and closed_by_server(sock)
+    assert server.refusals == ["headers_too_large"] * 2 and not server.seen
+
+
+@pytest.mark.parametrize("raw", [
+    b"POST / HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
+    b"POST / HTTP/1.1\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\nabcd",
+    b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nabc\r\n0\r\n\r\n",
+    b"GET / HTTP/1.1\r\nBad Header: 1\r\n\r\n",
+    b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03",  # a TLS client hello on the plain port
+    b"GET / HTTP/9.9\r\n\r\n",
+], ids=["cl-and-te", "two-lengths", "bad-chunk", "space-in-name", "tls", "version"])
+def test_malformed_and_smuggling_requests_are_refused_with_400(server: ServerThread, raw: bytes) -> None:
+    sock, buf = connect(server), bytearray()
+    sock.sendall(raw)
+    status, headers, body = read_answer(sock, buf)
+    assert status == 400 and json.loads(body)["error"] == "bad_request" and headers["connection"] == "close"
+    assert closed_by_server(sock)
+    assert server.refusals == ["bad_request"] and not server.seen
+
+
+def test_slow_requests_get_408_and_idle_connections_are_closed(server: ServerThread) -> None:
+    slow, buf = connect(server), bytearray()
+    slow.sendall(b"POST /slow-client HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nabc")
+    idle = connect(server)
+    idle.sendall(post("/x", b"1"))
+    read_answer(idle, bytearray())
+    t0 = time.monotonic()
+    status, _, body = read_answer(slow, buf)
+    assert status == 408 and json.loads(body)["error"] == "request_timeout" and closed_by_server(slow)
+    assert 1.5 <= time.monotonic() - t0 <= 4.5  # request_seconds = 2, checked once a second
+    assert closed_by_server(idle)  # keepalive_seconds = 3
+    assert 2.5 <= time.monotonic() - t0 <= 6.0
+    assert server.refusals == ["request_timeout"]
+
+
+def test_a_failing_handler_answers_500_and_keeps_the_connection(server: ServerThread) -> None:
+    sock, buf = connect(server), bytearray()
+    sock.sendall(post("/fail", b"") + post("/after", b"ok"))
+    assert read_answer(sock, buf)[0] == 500
+    assert json.loads(read_answer(sock, buf)[2])["body"] == "ok"
+
+
+def test_pipelining_past_the_queue_limit_pauses_reading_and_loses_nothing(server: ServerThread) -> None:
+    sock, buf = connect(server), bytearray()
+    sock.sendall(b"".join(post(f"/slow-{i}" if i else "/slow", str(i).encode()) for i in range(40)))
+    time.sleep(0.3)
+    assert len(server.seen) == 1  # the first waits; the others are queued (at most 4) or unread
+    server.loop.call_soon_threadsafe(server.release.set)
+    bodies = [json.loads(read_answer(sock, buf)[2])["body"] for _ in range(40)]
+    assert bodies == [str(i) for i in range(40)]
+
+
+def test_stop_answers_requests_in_flight_with_connection_close(server: ServerThread) -> None:
+    busy, idle = connect(server), connect(server)
+    idle.sendall(post("/x", b"1"))
+    read_answer(idle, bytearray())
+    busy.sendall(post("/slow", b"in flight"))
+    time.sleep(0.2)
+    stopped = asyncio.run_coroutine_threadsafe(server.server.stop(10.0), server.loop)
+    time.sleep(0.2)
+    assert closed_by_server(idle)
+    server.loop.call_soon_threadsafe(server.release.set)
+    assert stopped.result(10) is True
+    status, headers, body = read_answer(busy, bytearray())
+    assert status == 200 and headers["connection"] == "close" and json.loads(body)["body"] == "in flight"
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", server.port), timeout=2)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.lists(st.one_of(
+    st.binary(max_size=200),
+    st.sampled_from([b"POST / HTTP/1.1\r\n", b"Content-Length: 5\r\n", b"Transfer-Encoding: chunked\r\n", b"\r\n",
+                     b"0\r\n\r\n", b"5\r\nhello\r\n", b"Expect: 100-continue\r\n", b"GET /x HTTP/1.0\r\n",
+                     b"Connection: close\r\n", b"Upgrade: h2c\r\n", b"Content-Length: 99999\r\n"])), max_size=12))
+def test_fuzz_any_bytes_get_answers_or_a_close_never_a_crash(server: ServerThread, data: list[bytes]) -> None:
+    """Whatever arrives, the server stays up and a well-formed request on a new connection is answered."""
+    sock = connect(server)
+    sock.settimeout(2)
+    try:
+        for piece in data:
+            sock.sendall(piece)
+        sock.shutdown(socket.SHUT_WR)
+        while sock.recv(65536):
+            pass
+    except OSError:
+        pass
+    finally:
+        sock.close()
+    check, buf = connect(server), bytearray()
+    check.sendall(post("/alive", b"yes"))
+    assert json.loads(read_answer(check, buf)[2])["body"] == "yes"
+    check.close()
+
+
+# ---------------------------------------------------------------------------- the pre-fork supervisor
+_SUPERVISED = """
+import asyncio, os, signal, sys
+from stream_app.ingest.http import HttpServer, Response
+from stream_app.ingest.prefork import run_processes
+
+PORT, MODE = int(sys.argv[1]), sys.argv[2]
+
+def serve(index, ready):
+    if MODE == "fail" and index == 1:
+        raise SystemExit(3)
+    async def main():
+        async def handle(request):
+            return Response(200, (), str(os.getpid()).encode())
+        stop = asyncio.Event()
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+        server = HttpServer(handle)
+        await server.start("127.0.0.1", PORT)
+        ready()
+        await stop.wait()
+        await server.stop(5)
+    asyncio.run(main())
+
+sys.exit(run_processes(serve, 3, kill_timeout=5, name="test"))
+"""
+
+
+def _pid_of_answer(port: int) -> int:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+    try:
+        sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        return int(read_answer(sock, bytearray())[2])
+    finally:
+        sock.close()
+
+
+def _start_supervised(tmp_path: Path, mode: str) -> tuple[subprocess.Popen, int]:
+    from stream_app.settings import free_port
+
+    script = tmp_path / "supervised.py"
+    script.write_text(_SUPERVISED)
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, str(script), str(port), mode], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)
+    return proc, port
+
+
+def test_prefork_processes_share_the_port_a_crashed_one_is_replaced_and_sigterm_stops_all(tmp_path: Path) -> None:
+    proc, port = _start_supervised(tmp_path, "ok")
+    try:
+        deadline = time.monotonic() + 30
+        pids: set[int] = set()
+        while len(pids) < 3:
+            assert time.monotonic() < deadline and proc.poll() is None, f"pids answering: {pids}"
+            try:
+                pids.add(_pid_of_answer(port))
+            except OSError:
+                time.sleep(0.1)
+        victim = min(pids)
+        os.kill(victim, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        now: set[int] = set()
+        while len(now - pids) < 1 or victim in now:
+            assert time.monotonic() < deadline and proc.poll() is None, f"pids answering: {now}"
+            try:
+                pid = _pid_of_answer(port)
+                now.add(pid)
+                now.discard(victim)
+            except OSError:
+                time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        out = proc.communicate(timeout=30)[0].decode()
+        assert proc.returncode == 0, out
+        assert "exited with status -9; starting another" in out
+        with pytest.raises(OSError):
+            socket.create_connection(("127.0.0.1", port), timeout=2)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_prefork_a_process_that_fails_before_ready_stops_the_service(tmp_path: Path) -> None:
+    proc, port = _start_supervised(tmp_path, "fail")
+    out = proc.communicate(timeout=60)[0].decode()
+    assert proc.returncode == 1, out
+    assert "exited with status 3 before it was ready" in out
