@@ -11,6 +11,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -224,11 +225,22 @@ def test_unauthenticated_forged_expired_and_oversized_requests_are_refused_and_n
     far = {**obj, "t": t + 1000}
     assert post(f"{env.url}/reports", far, token=valid)[1]["error"] == "step_out_of_window"
     assert post(f"{env.url}/reports", raw=b"x", token=valid, headers={"Content-Type": "text/plain"})[0] == 415
+    # refused by the HTTP server before the handler: a smuggling attempt (Content-Length and Transfer-Encoding)
+    host, port = env.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        body = json.dumps(obj).encode()
+        sock.sendall(b"POST /reports HTTP/1.1\r\nAuthorization: Bearer %s\r\nContent-Length: %d\r\n"
+                     b"Transfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n"
+                     % (valid.encode(), len(body), len(body), body))
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 400 ") and b'"error":"bad_request"' in answer, answer
 
     after = refused(env)
     for reason, want in {"missing_token": 1, "malformed_token": 1, "forged_token": 2, "expired_token": 1,
                          "body_too_large": 2, "too_many_reports": 1, "step_out_of_window": 1,
-                         "unsupported_media_type": 1}.items():
+                         "unsupported_media_type": 1, "bad_request": 1}.items():
         got = metric(after, "ldp_ingest_refused_total", reason=reason) - \
             metric(before, "ldp_ingest_refused_total", reason=reason)
         assert got == want, (reason, got)

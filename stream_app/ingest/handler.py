@@ -1,6 +1,6 @@
 """One report request, from its headers to its answer: independent of the HTTP server.
 
-:class:`ReportHandler` serves ``POST /reports`` of the ingest service (granian, :mod:`.service`) and of
+:class:`ReportHandler` serves ``POST /reports`` of the ingest service (:mod:`.service`, :mod:`.http`) and of
 the Faust worker (aiohttp, :mod:`stream_app.api`): one implementation of authentication, body limits,
 decoding, rate limits, idempotency and publishing. In order (the first failure answers):
 
