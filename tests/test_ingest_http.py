@@ -375,3 +375,40 @@ def test_prefork_a_process_that_fails_before_ready_stops_the_service(tmp_path: P
     out = proc.communicate(timeout=60)[0].decode()
     assert proc.returncode == 1, out
     assert "exited with status 3 before it was ready" in out
+
+
+def test_prefork_processes_stop_when_the_supervisor_is_killed(tmp_path: Path) -> None:
+    proc, port = _start_supervised(tmp_path, "ok")
+    try:
+        deadline = time.monotonic() + 30
+        pids: set[int] = set()
+        while len(pids) < 3:
+            assert time.monotonic() < deadline and proc.poll() is None
+            try:
+                pids.add(_pid_of_answer(port))
+            except OSError:
+                time.sleep(0.1)
+        proc.kill()
+        proc.wait(10)
+        deadline = time.monotonic() + 15
+        while any(_alive(pid) for pid in pids):
+            assert time.monotonic() < deadline, [pid for pid in pids if _alive(pid)]
+            time.sleep(0.2)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for pid in pids:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:  # a zombie (exited, not yet reaped by init) counts as gone
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

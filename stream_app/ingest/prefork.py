@@ -8,7 +8,8 @@ The supervisor forks the processes, waits until each reported ready, and then wa
 - a process that exits before it reported ready (cannot reach the broker, cannot bind the port) stops the
   service: the others are stopped and the exit status is 1;
 - a process that exits later on its own (a crash, the OOM killer) is logged and replaced, at most once a
-  second, so one failure does not take the port's other processes down with it.
+  second, so one failure does not take the port's other processes down with it;
+- the supervisor killed (SIGKILL): each process notices within a second and stops as on SIGTERM.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import logging
 import multiprocessing
 import os
 import signal
+import threading
 import time
 from multiprocessing.connection import Connection, wait
 from typing import Any, Callable
@@ -28,9 +30,18 @@ log = logging.getLogger(__name__)
 Target = Callable[[int, Callable[[], None]], None]
 
 
-def _child(target: Target, index: int, ready: Connection) -> None:
+def _watch_parent(parent: int) -> None:
+    """SIGTERM to this process once its supervisor is gone (killed with SIGKILL: no one forwards signals)."""
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    log.error("the supervisor (pid %d) is gone: stopping", parent)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _child(target: Target, index: int, ready: Connection, parent: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor turns ^C into SIGTERM
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # until the target installs its own
+    threading.Thread(target=_watch_parent, args=(parent,), name="watch-supervisor", daemon=True).start()
 
     def say_ready() -> None:
         ready.send(os.getpid())
@@ -67,7 +78,8 @@ def run_processes(target: Target, processes: int, *, kill_timeout: float, startu
 
     def spawn(slot: _Slot) -> None:
         parent_end, child_end = ctx.Pipe(duplex=False)
-        slot.proc = ctx.Process(target=_child, args=(target, slot.index, child_end), name=f"{name}-{slot.index}",
+        slot.proc = ctx.Process(target=_child, args=(target, slot.index, child_end, os.getpid()),
+                                name=f"{name}-{slot.index}",
                                 daemon=False)
         slot.proc.start()
         child_end.close()
