@@ -336,17 +336,23 @@ def _start_supervised(tmp_path: Path, mode: str) -> tuple[subprocess.Popen, int]
     return proc, port
 
 
+def _answering_pids(proc: subprocess.Popen, port: int, n: int) -> set[int]:
+    """The pids of the ``n`` processes behind ``port``, once each answered a request (within 30 s)."""
+    deadline = time.monotonic() + 30
+    pids: set[int] = set()
+    while len(pids) < n:
+        assert time.monotonic() < deadline and proc.poll() is None, f"pids answering: {pids}"
+        try:
+            pids.add(_pid_of_answer(port))
+        except OSError:
+            time.sleep(0.1)
+    return pids
+
+
 def test_prefork_processes_share_the_port_a_crashed_one_is_replaced_and_sigterm_stops_all(tmp_path: Path) -> None:
     proc, port = _start_supervised(tmp_path, "ok")
     try:
-        deadline = time.monotonic() + 30
-        pids: set[int] = set()
-        while len(pids) < 3:
-            assert time.monotonic() < deadline and proc.poll() is None, f"pids answering: {pids}"
-            try:
-                pids.add(_pid_of_answer(port))
-            except OSError:
-                time.sleep(0.1)
+        pids = _answering_pids(proc, port, 3)
         victim = min(pids)
         os.kill(victim, signal.SIGKILL)
         deadline = time.monotonic() + 30
@@ -379,15 +385,9 @@ def test_prefork_a_process_that_fails_before_ready_stops_the_service(tmp_path: P
 
 def test_prefork_processes_stop_when_the_supervisor_is_killed(tmp_path: Path) -> None:
     proc, port = _start_supervised(tmp_path, "ok")
+    pids: set[int] = set()
     try:
-        deadline = time.monotonic() + 30
-        pids: set[int] = set()
-        while len(pids) < 3:
-            assert time.monotonic() < deadline and proc.poll() is None
-            try:
-                pids.add(_pid_of_answer(port))
-            except OSError:
-                time.sleep(0.1)
+        pids = _answering_pids(proc, port, 3)
         proc.kill()
         proc.wait(10)
         deadline = time.monotonic() + 15
