@@ -43,6 +43,7 @@ def ingest(campaign_paths: Annotated[Optional[list[Path]], _option("campaign_pat
            shutdown_timeout: Annotated[Optional[float], _option("shutdown_timeout")] = None,
            request_timeout: Annotated[Optional[float], _option("request_timeout")] = None,
            keepalive_seconds: Annotated[Optional[float], _option("keepalive_seconds")] = None,
+           max_connections: Annotated[Optional[int], _option("max_connections")] = None,
            open_mode: Annotated[Optional[bool], _option("open_mode")] = None,
            loglevel: Annotated[Optional[str], _option("loglevel")] = None) -> None:
     """Run the HTTP ingest: POST /reports (device tokens, rate limits, idempotency keys) -> ldp.reports.

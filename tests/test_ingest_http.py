@@ -228,6 +228,25 @@ def test_slow_requests_get_408_and_idle_connections_are_closed(server: ServerThr
     assert server.refusals == ["request_timeout"]
 
 
+def test_connections_past_the_limit_are_closed_at_once() -> None:
+    srv = ServerThread(HttpLimits(max_connections=3))
+    try:
+        held = [connect(srv) for _ in range(3)]
+        for sock in held:
+            sock.sendall(post("/x", b"1"))
+            read_answer(sock, bytearray())
+        extra = connect(srv)
+        assert closed_by_server(extra)
+        assert srv.refusals == ["too_many_connections"]
+        held.pop().close()
+        time.sleep(0.2)
+        again, buf = connect(srv), bytearray()
+        again.sendall(post("/x", b"after"))
+        assert json.loads(read_answer(again, buf)[2])["body"] == "after"
+    finally:
+        srv.close()
+
+
 def test_a_failing_handler_answers_500_and_keeps_the_connection(server: ServerThread) -> None:
     sock, buf = connect(server), bytearray()
     sock.sendall(post("/fail", b"") + post("/after", b"ok"))

@@ -25,6 +25,8 @@ What a request gets (:class:`Request`): method, path (query string dropped), hea
 - pipelined requests are answered in order, at most ``max_pipelined`` queued before reading pauses; reading
   also pauses while the client does not read its answers (transport flow control);
 - ``Expect: 100-continue`` gets its interim answer when the body is acceptable;
+- past ``max_connections`` open connections a new one is closed at once (``too_many_connections``), before
+  the process runs out of file descriptors;
 - an upgrade (``Upgrade:``, ``CONNECT``) is not supported: the request is answered as a plain one, then the
   connection is closed.
 
@@ -59,9 +61,10 @@ class HttpLimits:
     request_seconds: float = 30.0
     keepalive_seconds: float = 75.0
     max_pipelined: int = 16
+    max_connections: int = 10_000
 
     def __post_init__(self) -> None:
-        if self.max_body_bytes < 0 or self.max_header_bytes < 256 or self.max_pipelined < 1:
+        if self.max_body_bytes < 0 or self.max_header_bytes < 256 or self.max_pipelined < 1 or self.max_connections < 1:
             raise ValueError(f"bad HTTP limits: {self}")
         if not (self.request_seconds > 0 and self.keepalive_seconds > 0):
             raise ValueError(f"bad HTTP timeouts: {self}")
@@ -142,6 +145,11 @@ class _Connection(asyncio.Protocol):
     # ------------------------------------------------------------------ transport events
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        if len(self.server.connections) >= self.limits.max_connections:
+            self.server.on_refusal("too_many_connections")
+            self.reading = False
+            transport.close()
+            return
         self.server.connections.add(self)
 
     def connection_lost(self, exc: Exception | None) -> None:

@@ -236,7 +236,7 @@ def _quiet_garbage_collector() -> None:
 def http_limits(settings: IngestSettings) -> HttpLimits:
     """The HTTP server's limits from the ingest's settings."""
     return HttpLimits(max_body_bytes=settings.max_body_bytes, request_seconds=settings.request_timeout,
-                      keepalive_seconds=settings.keepalive_seconds)
+                      keepalive_seconds=settings.keepalive_seconds, max_connections=settings.max_connections)
 
 
 def _serve_process(index: int, ready: Callable[[], None]) -> None:

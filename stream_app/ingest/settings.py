@@ -23,6 +23,7 @@ so one environment serves both.
 - ``shutdown_timeout``: ``LDP_INGEST_SHUTDOWN_TIMEOUT``, ``--shutdown-timeout``
 - ``request_timeout``: ``LDP_INGEST_REQUEST_TIMEOUT``, ``--request-timeout``
 - ``keepalive_seconds``: ``LDP_INGEST_KEEPALIVE``, ``--keepalive``
+- ``max_connections``: ``LDP_INGEST_MAX_CONNECTIONS``, ``--max-connections``
 - ``open_mode``: ``LDP_INGEST_OPEN``, ``--open`` (development only: no credential, no rate limit)
 - ``loglevel``: ``LDP_LOGLEVEL``, ``--loglevel``
 
@@ -96,6 +97,9 @@ class IngestSettings:
                                       "after it (slow clients).", float, default=30.0)
     keepalive_seconds: float = _setting("LDP_INGEST_KEEPALIVE", ("--keepalive",),
                                         "Close a keep-alive connection idle this long (s).", float, default=75.0)
+    max_connections: int = _setting("LDP_INGEST_MAX_CONNECTIONS", ("--max-connections",),
+                                    "Open connections per process at most: a new one past it is closed at once.",
+                                    int, default=10_000)
     open_mode: bool = _setting("LDP_INGEST_OPEN", ("--open",), "Development only: accept reports without a "
                                "credential (no rate limit).", parse_bool, default=False)
     loglevel: str = _setting("LDP_LOGLEVEL", ("--loglevel",), "Log level.", default="warning")
@@ -112,7 +116,7 @@ class IngestSettings:
         if not 0 <= self.linger_seconds <= MAX_LINGER_SECONDS:
             raise SettingsError(f"linger_seconds must lie in [0, {MAX_LINGER_SECONDS}], got {self.linger_seconds}")
         for name in ("port", "processes", "max_batch_reports", "max_body_bytes", "max_device_reports",
-                     "max_relay_reports", "idempotency_seconds"):
+                     "max_relay_reports", "idempotency_seconds", "max_connections"):
             if getattr(self, name) < 1:
                 raise SettingsError(f"{name} must be >= 1, got {getattr(self, name)} ({_describe(name)})")
         for name in ("max_late_seconds", "max_early_seconds"):
