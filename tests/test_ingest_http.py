@@ -264,6 +264,17 @@ def test_pipelining_past_the_queue_limit_pauses_reading_and_loses_nothing(server
     assert bodies == [str(i) for i in range(40)]
 
 
+def test_a_client_gone_mid_request_drops_its_pipelined_requests_not_begun(server: ServerThread) -> None:
+    sock = connect(server)
+    sock.sendall(post("/slow", b"begun") + post("/queued", b"not begun"))
+    time.sleep(0.3)
+    sock.close()
+    time.sleep(0.3)
+    server.loop.call_soon_threadsafe(server.release.set)
+    time.sleep(0.3)
+    assert [r.path for r in server.seen] == ["/slow"]  # the one begun ran to its end, the other never began
+
+
 def test_stop_answers_requests_in_flight_with_connection_close(server: ServerThread) -> None:
     busy, idle = connect(server), connect(server)
     idle.sendall(post("/x", b"1"))

@@ -32,7 +32,8 @@ What a request gets (:class:`Request`): method, path (query string dropped), hea
 
 Each refusal of the server calls ``on_refusal(reason)`` (the ingest counts them in
 ``ldp_ingest_refused_total{reason}``). A handler's exception is logged and answered 500. A request whose client
-went away still runs to its end (its reports may be on their way to the broker); its answer is dropped.
+went away still runs to its end (its reports may be on their way to the broker); its answer is dropped, and
+the requests it had pipelined behind it are not begun (a client retries them, with their ``Idempotency-Key``).
 """
 from __future__ import annotations
 
@@ -264,6 +265,9 @@ class _Connection(asyncio.Protocol):
         queue = self.queue
         try:
             while queue:
+                if self.transport is None or self.transport.is_closing():
+                    queue.clear()  # the client is gone: its pipelined requests not yet begun are dropped
+                    break
                 request, keep_alive, version_1_0, response = queue.popleft()
                 if response is None:
                     server.in_flight += 1
@@ -277,7 +281,7 @@ class _Connection(asyncio.Protocol):
                 close = not keep_alive or server.stopping
                 transport = self.transport
                 if transport is None or transport.is_closing():
-                    continue
+                    break
                 try:
                     head = _head(response.status, response.headers, len(response.body), server.date, close,
                                  version_1_0 and keep_alive)
