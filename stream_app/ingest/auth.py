@@ -232,8 +232,7 @@ class TokenAuthority:
 
 class _Mac:
     """HMAC-SHA256 under one key, keyed once: each call copies the keyed state (no key schedule per message)
-    and, for messages under 2 KiB, keeps the GIL (``hmac.digest`` releases it for every message, which hands
-    the GIL to the HTTP server's thread and costs the event loop a wait to get it back)."""
+    and, for messages under 2 KiB, keeps the GIL (``hmac.digest`` releases and retakes it for every message)."""
 
     __slots__ = ("_keyed",)
 

@@ -131,16 +131,16 @@ class _Connection(asyncio.Protocol):
         self.reading = True  # False once no more requests are read from this connection
         self.paused_queue = self.paused_writes = False
         self.last = server.now  # last activity, for the keep-alive timeout
+        self.in_message = False  # between a request's first byte and its dispatch
         self._reset()
-        self.in_message = False
 
     def _reset(self) -> None:
+        """The state of the request being read, empty."""
         self.url = b""
         self.headers: dict[str, str] = {}
         self.body: list[bytes] = []
         self.size = self.head = self.partial = 0
         self.headers_done = self.too_large = False
-        self.in_message = True
         self.begun = self.server.now
 
     # ------------------------------------------------------------------ transport events
@@ -203,6 +203,7 @@ class _Connection(asyncio.Protocol):
     # ------------------------------------------------------------------ parser callbacks
     def on_message_begin(self) -> None:
         self._reset()
+        self.in_message = True
 
     def on_url(self, url: bytes) -> None:
         self.url += url
@@ -369,21 +370,25 @@ class HttpServer:
             if conn.idle() and conn.transport is not None:
                 conn.transport.close()
         self._drained = asyncio.Event()
-        if self.in_flight or any(not c.idle() for c in self.connections):
+        if self._busy():
             try:
                 await asyncio.wait_for(self._drained.wait(), timeout)
             except asyncio.TimeoutError:
                 pass
-        cut = sum(not c.idle() for c in self.connections)
+        drained = not self._busy()
         for conn in list(self.connections):
             if conn.transport is not None:
                 conn.transport.close()
         if self._sweeper is not None:
             self._sweeper.cancel()
-        return cut == 0
+        return drained
+
+    def _busy(self) -> bool:
+        """A handler still runs (its client there or gone), or a connection has requests to answer."""
+        return self.in_flight > 0 or any(not c.idle() for c in self.connections)
 
     def answered(self) -> None:
-        if self._drained is not None and not self.in_flight and all(c.idle() for c in self.connections):
+        if self._drained is not None and not self._busy():
             self._drained.set()
 
     def _tick(self) -> None:

@@ -92,8 +92,6 @@ class IngestApp:
         self.batcher: Batcher | None = None
         self.store: CountStore | None = None
         self.producer: Any = None
-        self._inflight = 0
-        self._idle = asyncio.Event()
         self._stopping = False
 
     # ------------------------------------------------------------------ lifecycle
@@ -137,14 +135,9 @@ class IngestApp:
                         "limits (development only)")
 
     async def stop(self) -> None:
-        """Wait for the requests in flight (at most ``shutdown_timeout``), flush, close the clients."""
+        """Publish what the batcher holds and close the clients (the HTTP server has already waited, at most
+        ``shutdown_timeout``, for the requests in flight)."""
         self._stopping = True
-        if self._inflight:
-            self._idle.clear()
-            try:
-                await asyncio.wait_for(self._idle.wait(), self.settings.shutdown_timeout)
-            except asyncio.TimeoutError:
-                log.warning("%d request(s) still in flight after %.1f s", self._inflight, self.settings.shutdown_timeout)
         if self.batcher is not None:
             try:
                 await asyncio.wait_for(self.batcher.stop(), self.settings.publish_timeout)
@@ -164,13 +157,7 @@ class IngestApp:
         if path == "/reports":
             if method != "POST":
                 return Response(405, (_JSON, ("allow", "POST")), b'{"error":"method_not_allowed"}')
-            self._inflight += 1
-            try:
-                reply = await self.handler.handle(request.headers, _body_reader(request))  # type: ignore[union-attr]
-            finally:
-                self._inflight -= 1
-                if not self._inflight:
-                    self._idle.set()
+            reply = await self.handler.handle(request.headers, _body_reader(request))  # type: ignore[union-attr]
             return Response(reply.status, (_JSON, *reply.headers), reply.body)
         if path == "/health" and method in ("GET", "HEAD"):
             healthy, problems = await self.health()
