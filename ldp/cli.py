@@ -743,6 +743,9 @@ def soak(minutes: Annotated[float, typer.Option(help="Length of the fault window
          faults: Annotated[Optional[str], typer.Option(help="Comma-separated fault kinds in rotation order "
                                                        "(default: all).")] = None,
          seed: Annotated[int, typer.Option(help="Simulation-mode seed of the fleet (the offline truth needs it).")] = 8,
+         lateness: Annotated[Optional[float], typer.Option(
+             help="The campaign's lateness_seconds in the soak (default: the campaign's own, e.g. 2 s in the demo; "
+                  "a pause longer than it must still end in exact finals).")] = None,
          json_path: Annotated[Optional[Path], typer.Option("--json", help="Write the report as JSON here.")] = None,
          run_dir: Annotated[Optional[Path], typer.Option(help="Run directory (kept); default: a temporary one, "
                                                          "removed after a passing run.")] = None,
@@ -755,7 +758,7 @@ def soak(minutes: Annotated[float, typer.Option(help="Length of the fault window
     try:
         cfg = SoakConfig(campaign=campaign, seconds=seconds if seconds is not None else minutes * 60.0,
                          devices=devices, step_seconds=step_seconds, batch_size=batch_size, workers=workers,
-                         partitions=partitions, fault_every=fault_every, seed=seed, run_dir=run_dir,
+                         partitions=partitions, fault_every=fault_every, seed=seed, lateness=lateness, run_dir=run_dir,
                          keep_run_dir=keep_run_dir,
                          faults=tuple(f.strip() for f in faults.split(",") if f.strip()) if faults else FAULT_KINDS)
     except ValueError as exc:
