@@ -347,14 +347,16 @@ class LocalStack:
         older copy there: a Redis that lost its last writes)."""
         return self._restart("redis", kill=kill, timeout=timeout, while_stopped=while_stopped)
 
-    def restart_broker(self, *, kill: bool = False, timeout: float = 30.0) -> int:
+    def restart_broker(self, *, kill: bool = False, timeout: float = 30.0,
+                       while_stopped: Callable[[Path], None] | None = None) -> int:
         """Stop tansu (SIGKILL if ``kill``, else SIGTERM) and start it again on the same port with
         the same storage; returns once it serves again (metadata + produce/fetch), with its new pid.
 
         A durable broker comes back with its topics, records (same offsets) and committed group
-        offsets; a memory broker comes back empty."""
+        offsets; a memory broker comes back empty. ``while_stopped(run_dir)`` runs between the stop and
+        the start (a test keeps the broker down for a while there)."""
         deadline = time.monotonic() + timeout
-        pid = self._restart("broker", kill=kill, timeout=timeout)
+        pid = self._restart("broker", kill=kill, timeout=timeout, while_stopped=while_stopped)
         self._wait_kafka_ready(deadline)
         return pid
 
