@@ -8,9 +8,10 @@ one consumer group (short session timeout, fast refresh) and the seeded fleet of
 of steps, and checks what reached ``ldp.estimates`` and Redis against :class:`ldp.soak.OfflineTruth`
 (the same fleet re-simulated offline; never the system under test) with :func:`ldp.soak.compare`:
 
-* ``test_redis_faults_keep_finals_exact``: Redis SIGKILL (AOF kept), its AOF cut to half, its AOF deleted;
-* ``test_broker_producer_and_stalled_lease_holder_keep_finals_exact``: the durable broker SIGKILLed, the
-  fleet SIGKILLed and resumed, the estimator lease holder stalled (SIGSTOP) past its lease, then resumed;
+* ``test_faults_leave_one_final_per_step_with_the_truths_n`` (acceptance 1), one fault after the other:
+  Redis SIGKILL (AOF kept), the durable broker SIGKILLed, the fleet SIGKILLed and resumed, the estimator lease
+  holder stalled (SIGSTOP) past its lease then resumed, Redis SIGKILL with its AOF cut to half, and with its
+  AOF deleted;
 * ``test_memory_broker_loss_is_alarmed_and_its_finals_flagged`` (acceptance 2): a memory broker SIGKILLed
   while it holds a backlog the (stopped) workers never read: ``unrepairable_loss`` in ``GET /status`` and
   ``ldp_unrepairable_losses_total`` within 10 s, and no final with a wrong ``n`` that does not say
@@ -34,8 +35,9 @@ import signal
 import threading
 import time
 import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import pytest
@@ -56,7 +58,7 @@ DEMO = ROOT / "deploy" / "campaigns" / "demo.toml"
 LATENESS = 2.0               # the demo campaign's own lateness_seconds
 DOWN = LATENESS + 1.0        # a service stopped by a fault stays down this long
 DEVICES, BATCH, PARTITIONS = 3_000, 500, 4
-STEP_SECONDS = 1.0           # the fleet sends one step per second, its batches spread over the second
+STEP_SECONDS = 0.5           # the fleet sends one step every 0.5 s, its batches spread over the step
 REFRESH, SESSION = 0.3, 3.0  # worker estimator refresh and consumer-group session timeout
 LEASE_TTL = max(2.0, 3.0 * REFRESH)  # the estimator lease of such a worker (stream_app.windows.Estimator)
 FINAL_WITHIN = 2.0           # acceptance 6
@@ -83,17 +85,6 @@ class EstimatesTail(threading.Thread):
         except BaseException as exc:  # noqa: BLE001 - said by rev0_steps()
             self.errors.append(f"the tail ended: {exc!r}")
             raise
-
-    def start(self) -> None:
-        import aiokafka.consumer  # noqa: F401 - its loggers exist
-
-        # a broker restart makes the tail's client log an error per retry: not the test's business
-        self._quiet = _OtherThreads(self.name)
-        self._loggers = [logging.getLogger(n) for n in list(logging.Logger.manager.loggerDict)
-                         if n == "aiokafka" or n.startswith("aiokafka.")]
-        for logger in self._loggers:
-            logger.addFilter(self._quiet)
-        super().start()
 
     async def _main(self) -> None:
         from aiokafka import AIOKafkaConsumer
@@ -153,8 +144,6 @@ class EstimatesTail(threading.Thread):
     def stop(self) -> None:
         self._stop_event.set()
         self.join(10)
-        for logger in self._loggers:
-            logger.removeFilter(self._quiet)
 
     def finals(self) -> list[tuple[float, dict[str, Any]]]:
         with self._lock:
@@ -165,15 +154,29 @@ class EstimatesTail(threading.Thread):
         return {(d["attribute"], int(d["t"])) for _, d in self.finals() if int(d.get("revision", 0)) == 0}
 
 
-class _OtherThreads(logging.Filter):
-    """Drops the records logged by one thread."""
-
-    def __init__(self, thread_name: str) -> None:
-        super().__init__()
-        self.thread_name = thread_name
+class _QuietThreads(logging.Filter):
+    """Drops the records logged by the test's own Kafka clients (the estimates tail, the in-process fleet), which
+    log an error per retry while a fault has the broker down: not the test's business."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return record.threadName != self.thread_name
+        return not record.threadName.startswith(("estimates-tail", "fleet-to-"))
+
+
+@contextmanager
+def _quiet_kafka_clients() -> Iterator[None]:
+    import aiokafka.consumer  # noqa: F401 - the loggers exist
+    import aiokafka.producer  # noqa: F401
+
+    quiet = _QuietThreads()
+    loggers = [logging.getLogger(n) for n in list(logging.Logger.manager.loggerDict)
+               if n == "aiokafka" or n.startswith("aiokafka.")]
+    for logger in loggers:
+        logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        for logger in loggers:
+            logger.removeFilter(quiet)
 
 
 def _get_json(url: str, timeout: float = 2.0) -> dict[str, Any] | None:
@@ -207,8 +210,7 @@ class Run:
                                  step_seconds=STEP_SECONDS, batch_size=BATCH, workers=workers, partitions=partitions,
                                  seed=seed, lateness=LATENESS)
         assert self.config.steps == steps and self.campaign.lateness_seconds == LATENESS
-        self.truth = OfflineTruth(self.campaign, self.config)
-        self.truth.advance(steps - 1)
+        self.truth = OfflineTruth(self.campaign, self.config)  # simulated while the workers start
         self.attributes = list(self.campaign.attributes)
         self.stack = LocalStack(run_dir=tmp_path / "stack", broker_storage=storage)
         self.n_workers = workers
@@ -216,7 +218,8 @@ class Run:
         self.stopped: set[int] = set()           # pids SIGSTOPped, SIGCONTed at the end whatever happens
         self.fault_log: list[str] = []
         self._serial = 0
-        self.producer: ProducerProcess | None = None
+        self.producer: ProducerProcess | None = None  # the ``ldp produce`` child, when one sends
+        self._senders: list[threading.Thread] = []    # the in-process ones
         self.tail: EstimatesTail | None = None
         self.fleet_state = tmp_path / "fleet-state"
         #: restart ``ldp produce`` if it exits before the end (logged), instead of failing the test
@@ -224,19 +227,19 @@ class Run:
 
     # ------------------------------------------------------------------ setup / teardown
     def __enter__(self) -> "Run":
+        self._quiet = _quiet_kafka_clients()
+        self._quiet.__enter__()
         try:
             self.info = self.stack.up(stop_on_exit=True)
             self.bootstrap, self.redis_url = self.info.kafka_bootstrap, self.info.redis_url
             asyncio.run(ensure_topic(self.bootstrap, REPORTS_TOPIC, self.config.partitions))
             for _ in range(self.n_workers):
                 self.start_worker()
+            self.truth.advance(self.config.steps - 1)
             for w in self.workers:
                 w.wait_ready(timeout=120)
             self.tail = EstimatesTail(self.bootstrap, self.campaign.id)
             self.tail.start()
-            self.producer = ProducerProcess(self.campaign_file, self.bootstrap, self.config, self.fleet_state,
-                                            self.dir / "producer.log", self.config.steps,
-                                            self.truth.fleet.reports_per_device)
             self.say(f"stack and {self.n_workers} workers up")
         except BaseException:
             self.close()
@@ -249,6 +252,8 @@ class Run:
     def close(self) -> None:
         if self.producer is not None:
             self.producer.stop()
+        for thread in self._senders:  # a failed test may leave one retrying against the stack going down
+            thread.join(1.0)
         for pid in self.stopped:
             _signal(pid, signal.SIGCONT)
         for w in self.workers:  # all at once: a clean stop takes seconds each
@@ -259,6 +264,7 @@ class Run:
         if self.tail is not None:
             self.tail.stop()
         self.stack.down()
+        self._quiet.__exit__(None, None, None)
         print(f"[{self.dir.name}] wall time {time.monotonic() - self.t0:.1f} s")
 
     # ------------------------------------------------------------------ workers
@@ -313,18 +319,71 @@ class Run:
         self.workers.remove(w)
 
     # ------------------------------------------------------------------ the fleet and the faults
-    def committed(self) -> int:
-        assert self.producer is not None
-        return self.producer.committed_steps()
+    @property
+    def rate(self) -> float:
+        """The fleet's reports per second: one step every :data:`STEP_SECONDS`."""
+        return self.config.devices * self.truth.fleet.reports_per_device / STEP_SECONDS
 
-    def next_fault_point(self, gap: int = 2) -> None:
-        """The middle of the step ``gap`` steps after the one in flight now (a fault's backlog is read by then)."""
-        self.at_step(self.committed() + gap)
+    def committed(self) -> int:
+        """Steps the fleet committed (acknowledged by the broker, its state saved)."""
+        try:
+            return int(json.loads((self.fleet_state / "fleet.json").read_text())["next_step"])
+        except FileNotFoundError:
+            return 0
+
+    def send(self, steps: int, *, child: bool = False) -> Callable[..., None]:
+        """Send the fleet's next ``steps`` steps in the background at its rate, resumed from its state directory:
+        in-process (:func:`producers.fleet.publish` in a thread) or, with ``child``, by an ``ldp produce`` child
+        (:attr:`producer`; for its SIGKILL). Returns ``finish(timeout=90)``: waits until they are committed."""
+        target = self.committed() + steps
+        assert target <= self.config.steps, f"the truth has {self.config.steps} steps, not {target}"
+        if child:
+            self.producer = ProducerProcess(self.campaign_file, self.bootstrap, self.config, self.fleet_state,
+                                            self.dir / "producer.log", target, self.truth.fleet.reports_per_device)
+            self.producer.start()
+
+            def finish_child(timeout: float = 90.0) -> None:
+                wait_until(self.check_producer, bool, timeout, f"ldp produce committing step {target - 1}")
+            return finish_child
+        errors: list[BaseException] = []
+        fleet = self.config.fleet_config(self.campaign, steps=steps, state_dir=self.fleet_state, rate=self.rate)
+
+        def run() -> None:
+            try:
+                asyncio.run(publish(fleet, self.bootstrap, keep_supports=False, retry_deadline=60.0))
+            except BaseException as exc:  # noqa: BLE001 - said by finish()
+                errors.append(exc)
+        thread = threading.Thread(target=run, daemon=True, name=f"fleet-to-{target}")
+        thread.start()
+        self._senders.append(thread)
+
+        def finish(timeout: float = 90.0) -> None:
+            thread.join(timeout)
+            assert not thread.is_alive(), f"the fleet did not send steps up to {target - 1} in {timeout} s"
+            assert not errors, f"the fleet failed: {errors[0]!r}"
+            assert self.committed() == target, (self.committed(), target)
+        return finish
+
+    def caught_up(self, timeout: float = 60.0) -> None:
+        """Wait until every step the fleet committed is counted exactly: the last fault's backlog is read and
+        its replay over, so the next fault starts from a store that caught up (faults do not overlap)."""
+        sent = self.committed()
+        steps = {k: v for k, v in self.truth.expected.items() if k[1] < sent}
+        started = time.monotonic()
+        try:
+            wait_for_counts(self.redis_url, self.campaign.id, steps, timeout=timeout)
+        except TimeoutError as exc:
+            raise AssertionError(f"the store did not catch up after the last fault: {exc}\nfaults: "
+                                 f"{self.fault_log}\n{self.logs()}") from None
+        self.say(f"steps < {sent} counted exactly ({time.monotonic() - started:.1f} s)")
 
     def at_step(self, k: int, fraction: float = 0.4, timeout: float = 90.0) -> None:
         """Return in the middle of step ``k``: once steps ``< k`` are acknowledged, ``fraction`` of a step later."""
+        assert k < self.config.steps, f"the fleet sends {self.config.steps} steps: no step {k} to inject a fault in"
+
         def state() -> int:
-            self.check_producer()
+            if self.producer is not None:
+                self.check_producer()
             return self.committed()
         wait_until(state, lambda c: c >= k, timeout, f"the fleet committing step {k - 1}")
         time.sleep(fraction * STEP_SECONDS)
@@ -347,7 +406,7 @@ class Run:
         print(f"[{self.dir.name}] {time.monotonic() - self.t0:6.1f}s {text}", flush=True)
 
     def fault(self, what: str, inject: Callable[[], Any]) -> None:
-        step = self.committed() if self.producer and self.fleet_state.exists() else None
+        step = self.committed()
         started = time.monotonic()
         inject()
         line = f"{what} during step {step} ({time.monotonic() - started:.1f} s)"
@@ -366,10 +425,9 @@ class Run:
 
     # ------------------------------------------------------------------ the end
     def settle(self, timeout: float = 120.0) -> None:
-        """The fleet done, every count exact in Redis, a revision-0 final of every step on ldp.estimates."""
+        """Every count exact in Redis and a revision-0 final of every step on ldp.estimates (the fleet done)."""
         deadline = time.monotonic() + timeout
-        if self.producer is not None and self.producer.starts:
-            wait_until(self.check_producer, bool, timeout, "the fleet finishing")
+        assert self.committed() == self.config.steps, (self.committed(), self.config.steps)
         try:
             wait_for_counts(self.redis_url, self.campaign.id,
                             {k: (support, n) for k, (support, n) in self.truth.expected.items()},
@@ -461,46 +519,71 @@ def _delete_aof(data_dir: Path) -> None:
 
 
 # --------------------------------------------------------------------------- acceptance 1
-def test_redis_faults_keep_finals_exact(tmp_path) -> None:
-    with Run(tmp_path, steps=16, workers=2, seed=1801) as run:
-        run.producer.start()  # type: ignore[union-attr]
-        run.at_step(2)
-        run.fault("Redis SIGKILL, AOF kept", lambda: run.stack.restart_redis(kill=True, while_stopped=_hold_down()))
-        run.next_fault_point()
-        run.fault("Redis SIGKILL, AOF cut to half", lambda: run.stack.restart_redis(kill=True,
-                                                                                 while_stopped=_cut_aof_to_half))
-        run.next_fault_point()
-        run.fault("Redis SIGKILL, AOF deleted", lambda: run.stack.restart_redis(kill=True, while_stopped=_delete_aof))
-        run.settle()
-        run.check()
+def _redis_kill(run: Run) -> None:
+    run.stack.restart_redis(kill=True, while_stopped=_hold_down())
 
 
-def test_broker_producer_and_stalled_lease_holder_keep_finals_exact(tmp_path) -> None:
-    with Run(tmp_path, steps=16, workers=3, seed=1802) as run:
-        run.producer.start()  # type: ignore[union-attr]
-        run.at_step(2)
-        run.fault("durable broker SIGKILL", lambda: run.stack.restart_broker(kill=True, while_stopped=_hold_down()))
-        run.next_fault_point()
+def _redis_kill_aof_cut(run: Run) -> None:
+    run.stack.restart_redis(kill=True, while_stopped=_cut_aof_to_half)
 
-        def producer_kill() -> None:
-            run.producer.kill()  # type: ignore[union-attr]
-            time.sleep(DOWN)
-            run.producer.start()  # type: ignore[union-attr]
-        run.fault("ldp produce SIGKILL, resumed from its state directory", producer_kill)
-        run.next_fault_point()
 
-        def stall_lease_holder() -> None:
-            holder = run.wait_leader()
-            run.stall(holder)
-            stalled = time.monotonic()
-            others = [w for w in run.workers if w is not holder]
-            run.wait_leader(others, timeout=30)  # the lease passed
-            time.sleep(max(0.0, LEASE_TTL + 1.0 - (time.monotonic() - stalled)))
-            run.resume(holder)
-            # it runs again: answers, and has seen that it no longer holds the lease
-            wait_until(lambda: run.status(holder), lambda d: d is not None and not d.get("estimator_leader"), 30,
-                       f"{run.name(holder)} answering again without the lease")
-        run.fault("lease holder SIGSTOP past its lease, then SIGCONT", stall_lease_holder)
+def _redis_kill_aof_deleted(run: Run) -> None:
+    run.stack.restart_redis(kill=True, while_stopped=_delete_aof)
+
+
+def _broker_kill(run: Run) -> None:
+    run.stack.restart_broker(kill=True, while_stopped=_hold_down())
+
+
+def _producer_kill(run: Run) -> None:
+    assert run.producer is not None
+    run.producer.kill()
+    time.sleep(DOWN)
+    run.producer.start()
+
+
+def _stall_lease_holder(run: Run) -> None:
+    """SIGSTOP the lease holder until another worker holds the lease and its own lease is over, then SIGCONT."""
+    holder = run.wait_leader()
+    run.stall(holder)
+    stalled = time.monotonic()
+    run.wait_leader([w for w in run.workers if w is not holder], timeout=30)
+    time.sleep(max(0.0, LEASE_TTL + 1.0 - (time.monotonic() - stalled)))
+    run.resume(holder)
+    # it runs again: answers, and has seen that it no longer holds the lease
+    wait_until(lambda: run.status(holder), lambda d: d is not None and not d.get("estimator_leader"), 30,
+               f"{run.name(holder)} answering again without the lease")
+
+
+#: (what, inject): in this order, each in the middle of a step once the store caught up after the previous one
+#: (one fault at a time); the Redis data losses come first, while a replay from the broker is short.
+ACCEPTANCE_1 = [
+    ("Redis SIGKILL, AOF kept", _redis_kill),
+    ("Redis SIGKILL, AOF cut to half", _redis_kill_aof_cut),
+    ("Redis SIGKILL, AOF deleted", _redis_kill_aof_deleted),
+    ("durable broker SIGKILL", _broker_kill),
+    ("ldp produce SIGKILL, resumed from its state directory", _producer_kill),
+    ("lease holder SIGSTOP past its lease, then SIGCONT", _stall_lease_holder),
+]
+
+
+#: Steps the fleet sends around each fault of acceptance 1 (one every 0.5 s); the fault comes in the second.
+SEGMENT = 8
+
+
+def test_faults_leave_one_final_per_step_with_the_truths_n(tmp_path) -> None:
+    """Acceptance 1, every fault but the lease holder's SIGKILL (that one: the acceptance 6 test), one after the
+    other in one run with three workers: per fault the fleet sends :data:`SEGMENT` steps (in-process; by an
+    ``ldp produce`` child for the producer's SIGKILL), the fault hits the middle of the second, and the next
+    fault waits until the fleet is done with them and the store has caught up."""
+    with Run(tmp_path, steps=SEGMENT * len(ACCEPTANCE_1), workers=3, seed=1801) as run:
+        for what, inject in ACCEPTANCE_1:
+            first = run.committed()
+            finish = run.send(SEGMENT, child=inject is _producer_kill)
+            run.at_step(first + 1)
+            run.fault(what, lambda: inject(run))
+            finish()
+            run.caught_up()
         run.settle()
         run.check()
 
@@ -509,10 +592,10 @@ def test_broker_producer_and_stalled_lease_holder_keep_finals_exact(tmp_path) ->
 def test_memory_broker_loss_is_alarmed_and_its_finals_flagged(tmp_path) -> None:
     """The workers stop reading (SIGSTOP) in the middle of step 2 while the fleet goes on; the memory broker is
     SIGKILLed with steps 2-4 unread and comes back empty; the workers go on."""
-    with Run(tmp_path, steps=8, workers=2, seed=1803, storage="memory") as run:
+    with Run(tmp_path, steps=10, workers=2, seed=1803, storage="memory") as run:
         assert run.tail is not None
         run.resume_producer = True  # it may give up on the empty broker (seen: UnknownError from tansu)
-        run.producer.start()  # type: ignore[union-attr]
+        finish = run.send(run.config.steps, child=True)
         run.at_step(2)
         for w in run.workers:
             run.stall(w)
@@ -546,7 +629,7 @@ def test_memory_broker_loss_is_alarmed_and_its_finals_flagged(tmp_path) -> None:
             problems.append(str(exc))
             run.say(f"{exc}\n{run.logs(12)}")
         # the fleet finishes in the new incarnation; every step sent whole after the loss gets its final
-        wait_until(run.check_producer, bool, 60, "the fleet finishing")
+        finish(60)
         after = {k for k in run.truth.expected if k[1] > lost_through}
         run.wait_finals(60, after)
         published = before + [d for d in consume_json(run.bootstrap, ESTIMATES_TOPIC, idle_seconds=1.5)
@@ -612,30 +695,19 @@ class StepWatch(threading.Thread):
 
 
 def test_finals_follow_lease_holder_kills_within_2s(tmp_path) -> None:
-    """Five SIGKILLs of the estimator lease holder (six workers, no replacement), each in the middle of a step
-    of the fleet (in-process, two steps per round, resumed from its state directory)."""
+    """Five SIGKILLs of the estimator lease holder (six workers, no replacement), each in the middle of the
+    second of two steps the fleet sends per round; the next round waits for the finals of this one."""
     kills, rounds = 5, 6
     # eight partitions for six workers: every lease holder also owns partitions, whose batches and watermarks
     # wait for the group to rebalance (session timeout) after its kill
     with Run(tmp_path, steps=2 * rounds, workers=kills + 1, seed=1806, partitions=8) as run:
         run.say("workers: " + ", ".join(f"{run.name(w)} {w.info['assigned']}" for w in run.workers))
-        rate = DEVICES * run.truth.fleet.reports_per_device / STEP_SECONDS
-        committed = run.committed
-        watch = StepWatch(run, lambda: committed() + 1 if run.fleet_state.exists() else 0)
+        watch = StepWatch(run, lambda: run.committed() + 1)
         watch.start()
         kill_log: list[tuple[float, float, str]] = []  # (killed at, lease on a live worker at, who)
         try:
             for r in range(rounds):
-                fleet = run.config.fleet_config(run.campaign, steps=2, state_dir=run.fleet_state, rate=rate)
-                errors: list[BaseException] = []
-
-                def send() -> None:
-                    try:
-                        asyncio.run(publish(fleet, run.bootstrap, keep_supports=False))
-                    except BaseException as exc:  # noqa: BLE001
-                        errors.append(exc)
-                sender = threading.Thread(target=send, name=f"fleet-round-{r}")
-                sender.start()
+                finish = run.send(2)
                 if r < kills:
                     run.at_step(2 * r + 1)
                     holder = run.wait_leader()
@@ -648,8 +720,7 @@ def test_finals_follow_lease_holder_kills_within_2s(tmp_path) -> None:
                                          f"started) during step {2 * r + 1}; lease on {run.name(new)} after "
                                          f"{passed_at - killed_at:.2f} s")
                     run.say(run.fault_log[-1])
-                sender.join(120)
-                assert not sender.is_alive() and not errors, errors
+                finish()
                 run.wait_finals(60, {k for k in run.truth.expected if k[1] <= 2 * r + 1})
             run.settle()
         finally:
