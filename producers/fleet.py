@@ -695,7 +695,7 @@ async def publish(fleet_or_config: Fleet | FleetConfig, bootstrap: str, topic: s
                         if wait > 0:
                             await asyncio.sleep(wait)
                     await report(t, attr, i)
-                await send(key, pack_watermark(campaign, attr, t))
+                await send(key, pack_watermark(campaign, attr, t, count=data.n))
                 summary.watermarks += 1
                 if keep_supports:
                     summary.per_step[(attr, t)] = {"n": data.n, "support": data.support,
