@@ -68,8 +68,10 @@ class TopicReader:
 
     async def _partitions(self, topic: str) -> list[aiokafka.TopicPartition]:
         consumer = await self._client()
-        await consumer.topics()  # a metadata request: the partitions as the broker has them now
-        parts = consumer.partitions_for_topic(topic) or set()
+        # a metadata request: the partitions as the broker has them now (the consumer's own cache only follows
+        # the topics it was assigned)
+        cluster = await consumer._client.fetch_all_metadata()
+        parts = cluster.partitions_for_topic(topic) or set()
         return [aiokafka.TopicPartition(topic, p) for p in sorted(parts)]
 
     # ------------------------------------------------------------------ ldp.reports
