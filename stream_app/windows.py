@@ -2,30 +2,46 @@
 
 Who runs it
     Every worker runs the loop, but only the holder of a Redis *lease*
-    (:meth:`CountStore.claim_lease <stream_app.store.CountStore.claim_lease>`: ``SET NX PX``
-    renewed every tick by a compare-and-expire script) computes and publishes. Why not Faust's ``on_leader`` timers: with no changelog tables
-    Faust uses the round-robin assignor and has no leader partition, and a leader elected through
-    the consumer group is lost for a whole session timeout when it is killed (tansu delays the
-    rejoin); the lease moves to another worker after ``lease_ttl`` seconds whatever the group does,
-    and it guarantees a single publisher, so ``ldp.estimates`` carries each final estimate once
-    (a publisher killed between publishing and recording a final may publish it twice; the Redis
-    history is idempotent).
+    (:meth:`CountStore.claim_lease <stream_app.store.CountStore.claim_lease>`, renewed every tick) computes and
+    publishes. Why not Faust's ``on_leader`` timers: with no changelog tables Faust uses the round-robin assignor
+    and has no leader partition, and a leader elected through the consumer group is lost for a whole session
+    timeout when it is killed (tansu delays the rejoin); the lease moves to another worker after ``lease_ttl``
+    seconds whatever the group does.
 
-When a step is final
-    * its watermark was applied (``store.read_step(...)["closed"]``: the producer promised no more
-      reports for the step; all batches of a step share the key ``"{t}:{attr}"`` and hence one
-      partition, so every report sent before the watermark is already counted), trigger
-      ``"watermark"``; or
-    * ``now >= max((t + 1) * time_step_seconds, last_ts) + lateness_seconds``, trigger
-      ``"lateness"``: for HTTP-ingested steps (``t = floor(now / time_step_seconds)``) the step
-      closes ``lateness_seconds`` after its wall-clock end, later if reports keep arriving; for
-      logical steps (simulated fleets number steps 0, 1, 2, ... so their wall-clock end is long
-      past) this reduces to ``lateness_seconds`` of silence, and a fleet should send watermarks.
+One revision-0 final per step, fenced
+    Every acquisition of the lease draws a new *fencing token*, higher than any before (a counter that, if the
+    store lost it, restarts at the clock in milliseconds). A new holder first raises each campaign's fence to its
+    token, so a holder that lost the lease (stalled past it: a broker outage, SIGSTOP, a long pause) can no longer
+    claim anything. Publishing a final (or a revision) first *claims* ``(campaign, attribute, t, revision)`` with
+    the token in one script (:meth:`~stream_app.store.CountStore.claim_final`): the document goes into the
+    history and the finals index, marked *pending*; only the claimant publishes it, and the broker's
+    acknowledgement clears the mark. A claim left pending (its holder failed or died before the
+    acknowledgement) is published again by the next tick of whoever holds the lease, unchanged: same key
+    (:func:`wire.topics.estimate_key`), same document, so a retried publication is idempotent for consumers.
+    The topic is the record of what was published: a new holder, and a holder that sees Redis restarted, reads
+    ``ldp.estimates`` from where the store last read it (:meth:`Estimator._rebuild_from_topic`) and records the
+    finals the store lost (an AOF cut short, a store emptied) before it publishes anything.
 
-    A final estimate is published once on ``ldp.estimates`` and stored in the Redis history
-    (``store.record_final``). A step that is due with ``n == 0`` (a watermark without reports, or
-    a step in the index whose counts are gone) gets no final: it is *settled* silently, and its
-    first batch after that publishes its first final (trigger ``"late"``).
+When a step is final (stream progress, not the clock alone)
+    * its watermark was applied (``closed``: the producer promised no more reports for the step; all batches of
+      a step share the key ``"{t}:{attr}"`` and hence one partition, so every report sent before the watermark
+      is already counted), trigger ``"watermark"``; or
+    * its grace is over and the store holds everything the broker had then, trigger ``"lateness"``. The grace:
+      for a *logical* step (a fleet's 0, 1, 2, ...), ``lateness_seconds`` after stream time passed it (the first
+      tick that saw a later step's reports counted), later if its own reports keep arriving; for a *wall-clock*
+      step (counted from the HTTP ingest, ``t = floor(now / time_step_seconds)``), ``lateness_seconds`` after its
+      window (:func:`due_at`). Then the step's *barrier*: the end offsets of every partition of ``ldp.reports``
+      when it first became due; it is final once the consumer positions recorded in the store
+      (``CountStore.positions``) are past them, as Kafka Streams' stream time and grace period work. So while
+      Redis or the broker is away, or partitions are unassigned or lagging, nothing that may still receive
+      counted data becomes final; a logical step that stream time never passes (the last step of a producer
+      that died for good) stays open.
+
+    A final carries ``complete: false`` (and why, in ``incomplete``) when the broker may have lost some of its
+    reports: its watermark states more reports than were counted, or an unrepairable broker loss
+    (``stream_app.app``) marked the step while it was open. A step that is due with ``n == 0`` (a watermark
+    without reports, or a step in the index whose counts are gone) gets no final: it is *settled* silently, and
+    its first batch after that publishes its first final (trigger ``"late"``).
 
 Late data
     Reports counted after a step's final (the agent counts every batch of a step within
