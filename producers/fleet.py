@@ -837,10 +837,15 @@ def _describe(exc: BaseException) -> str:
 
 
 def _retriable(exc: BaseException) -> bool:
-    """A Kafka error that an available broker would not raise (connection, timeout, leadership, ...)."""
-    from aiokafka.errors import KafkaConnectionError, KafkaTimeoutError
+    """A Kafka error worth retrying: one an available, healthy broker would not raise (connection, timeout,
+    leadership, ...), or the broker's own "unexpected server error" (``UnknownError``, error code -1: a broker
+    restarting, or one whose storage failed, answers it; a retry sends the same bytes under the same batch ids,
+    so at worst the store skips a copy). Errors that sending again cannot cure (a message too large, an
+    authorization or configuration error) are not retried."""
+    from aiokafka.errors import KafkaConnectionError, KafkaTimeoutError, UnknownError
 
-    return isinstance(exc, (KafkaConnectionError, KafkaTimeoutError)) or bool(getattr(exc, "retriable", False))
+    return (isinstance(exc, (KafkaConnectionError, KafkaTimeoutError, UnknownError))
+            or bool(getattr(exc, "retriable", False)))
 
 
 async def publish(fleet_or_config: Fleet | FleetConfig, bootstrap: str, topic: str = REPORTS_TOPIC, *,
@@ -863,13 +868,15 @@ async def publish(fleet_or_config: Fleet | FleetConfig, bootstrap: str, topic: s
     every batch and watermark of it is acknowledged; a fleet resumed after a crash re-sends the drawn
     step unchanged. Without one, the next attribute is randomized while the current one is sent.
 
-    Broker outages: while the broker is unavailable (the producer cannot start, the topic cannot be
-    created, a send or an acknowledgement fails with a retriable Kafka error after the client's own
-    retries), the publisher backs off (0.5 s doubling to 10 s, each retry logged with its error) and
-    resumes once the broker is back: every message from the first unacknowledged one on is sent
-    again, in order, with the same bytes (nothing is randomized again; the count store skips a batch
-    id it already applied and a watermark applied twice changes nothing), so the counts end exact.
-    It gives up with :class:`PublishError` once one outage has lasted ``retry_deadline`` seconds.
+    Broker errors: while the broker is unavailable or failing (the producer cannot start, the topic
+    cannot be created, a send or an acknowledgement fails with a retriable Kafka error, ``UnknownError``
+    included, after the client's own retries: :func:`_retriable`), the publisher backs off (0.5 s
+    doubling to 10 s, each retry logged with its error) and resumes once the broker answers again:
+    every message from the first unacknowledged one on is sent again, in order, with the same bytes
+    (nothing is randomized again; the count store skips a batch id it already applied and a
+    watermark applied twice changes nothing), so the counts end exact. It gives up with
+    :class:`PublishError` once one outage has lasted ``retry_deadline`` seconds, and at once on an
+    error that sending again cannot cure; either way nothing unacknowledged was committed.
     """
     fleet = fleet_or_config if isinstance(fleet_or_config, Fleet) else Fleet(fleet_or_config)
     try:
@@ -901,7 +908,7 @@ async def _publish(fleet: Fleet, bootstrap: str, topic: str, *, on_progress: Pro
                 break
             except KafkaError as exc:
                 if not _retriable(exc):
-                    raise PublishError(f"cannot create topic {topic!r} on {bootstrap}: {exc}") from exc
+                    raise PublishError(f"cannot create topic {topic!r} on {bootstrap}: {_describe(exc)}") from exc
                 await outage.wait(f"create topic {topic!r}", exc)
     options = dict(bootstrap_servers=bootstrap, acks="all", linger_ms=linger_ms, compression_type=None,
                    max_request_size=max(1 << 20, 2 * max_msg), max_batch_size=1 << 20,
@@ -913,9 +920,9 @@ async def _publish(fleet: Fleet, bootstrap: str, topic: str, *, on_progress: Pro
             await producer.start()
             break
         except KafkaError as exc:
-            await producer.stop()
+            await _stop(producer)
             if not _retriable(exc):
-                raise PublishError(f"cannot start a Kafka producer on {bootstrap}: {exc}") from exc
+                raise PublishError(f"cannot start a Kafka producer on {bootstrap}: {_describe(exc)}") from exc
             await outage.wait("start a Kafka producer", exc)
     outage.over()
 
@@ -925,7 +932,9 @@ async def _publish(fleet: Fleet, bootstrap: str, topic: str, *, on_progress: Pro
     inflight_bytes = 0
 
     def refused(exc: KafkaError) -> PublishError:
-        return PublishError(f"the broker at {bootstrap} refused a batch of topic {topic!r}: {exc}")
+        return PublishError(f"the broker at {bootstrap} refused a batch of topic {topic!r}: {_describe(exc)}; "
+                            "sending it again cannot help. Nothing unacknowledged was committed: with a state "
+                            "directory, running the fleet again resumes at its first unacknowledged step")
 
     async def resend(what: str, exc: KafkaError) -> None:
         """Back off, then send the window again from its first unacknowledged message, until accepted."""
@@ -1034,10 +1043,19 @@ async def _publish(fleet: Fleet, bootstrap: str, topic: str, *, on_progress: Pro
         if ahead is not None:
             await asyncio.gather(ahead, return_exceptions=True)
         executor.shutdown(wait=True)
-        await producer.stop()
+        await _stop(producer)
     summary.seconds = time.perf_counter() - start
     summary.rate = summary.reports_sent / summary.seconds if summary.seconds > 0 else 0.0
     return summary
+
+
+async def _stop(producer: Any) -> None:
+    """Stop a Kafka producer; its own errors are logged, never raised (they would hide the error that ended
+    the run, or fail a run whose every message was acknowledged)."""
+    try:
+        await producer.stop()
+    except Exception as exc:  # noqa: BLE001 - whatever the client raises while closing
+        log.warning("stopping the Kafka producer failed: %s", _describe(exc))
 
 
 def publish_sync(fleet_or_config: Fleet | FleetConfig, bootstrap: str, topic: str = REPORTS_TOPIC,

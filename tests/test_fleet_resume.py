@@ -3,21 +3,27 @@
 Unit level (no broker): a drawn step is re-sent byte for byte by a resumed private-mode fleet, its
 group's sampling and its devices' keys included; a resume with another batch-shaping option is
 refused naming it; one producer per state directory (an exclusive lock); an unreadable state file is
-a :class:`FleetStateError` naming the file.
+a :class:`FleetStateError` naming the file. Against a real broker: broker errors retried or reported,
+never a step committed unacknowledged.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
 import sys
+import time
+import uuid
+from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from producers.fleet import Fleet, FleetConfig, FleetStateError
+from producers.fleet import Fleet, FleetConfig, FleetStateError, PublishError, _retriable, publish
 from wire.campaign import Campaign
+from wire.envelope import REPORTS, WATERMARK, decode_reports, parse
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -196,3 +202,131 @@ def test_a_corrupt_legacy_state_file_is_a_clear_error(tmp_path, garbage):
     (snap / "device.group.npz").write_bytes(garbage)
     with pytest.raises(FleetStateError, match=str(snap / "device.group.npz")):
         Fleet(_config(state))
+
+
+def test_broker_errors_that_are_retried():
+    from aiokafka.errors import (KafkaConnectionError, MessageSizeTooLargeError, NotLeaderForPartitionError,
+                                 TopicAuthorizationFailedError, UnknownError)
+
+    assert _retriable(UnknownError()) and _retriable(KafkaConnectionError()) and _retriable(NotLeaderForPartitionError())
+    assert not _retriable(MessageSizeTooLargeError()) and not _retriable(TopicAuthorizationFailedError())
+
+
+# --------------------------------------------------------------------------- through the pipeline
+def _read_topic(bootstrap: str, topic: str) -> list[tuple[bytes, bytes]]:
+    """``(key, value)`` of every record of ``topic``, partition by partition in offset order."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    async def read() -> list[tuple[bytes, bytes]]:
+        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+        await consumer.start()
+        try:
+            assert topic in await consumer.topics()  # (fetches the metadata)
+            tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
+            assert tps, f"topic {topic} has no partitions"
+            consumer.assign(tps)
+            await consumer.seek_to_beginning(*tps)
+            end = await consumer.end_offsets(tps)
+            out: dict[int, list] = defaultdict(list)
+            deadline = time.monotonic() + 30
+            while any([await consumer.position(tp) < end[tp] for tp in tps]):
+                assert time.monotonic() < deadline, "reading the topic back timed out"
+                for tp, recs in (await consumer.getmany(*tps, timeout_ms=500)).items():
+                    out[tp.partition].extend((r.key, r.value) for r in recs)
+            return [kv for p in sorted(out) for kv in out[p]]
+        finally:
+            await consumer.stop()
+    return asyncio.run(read())
+
+
+def _sent(campaign: Campaign, records: list[tuple[bytes, bytes]]) -> tuple[dict, dict, int]:
+    """What the topic holds: ``(attr, t) -> (support, n)`` over distinct batch ids, the watermarks per
+    ``(attr, t)``, and how many batch ids were sent more than once. Asserts that every copy of a batch id has
+    the same bytes (a re-sent batch is the same randomization, not a second one) and that each step's batches
+    are indices ``0..m-1`` of ``batch_size`` reports (the last one shorter)."""
+    copies: dict[str, set[bytes]] = defaultdict(set)
+    sends: dict[str, int] = defaultdict(int)
+    marks: dict[tuple[str, int], int] = defaultdict(int)
+    for _, blob in records:
+        env = parse(blob)
+        if env.kind == WATERMARK:
+            marks[(env.attribute, env.t)] += 1
+        else:
+            assert env.kind == REPORTS
+            copies[env.batch_id].add(blob)
+            sends[env.batch_id] += 1
+    differing = [bid for bid, blobs in copies.items() if len(blobs) > 1]
+    assert not differing, f"{len(differing)} batch ids were sent with different reports, e.g. {differing[0]}"
+    per_step: dict[tuple[str, int], dict[int, tuple[np.ndarray, int]]] = defaultdict(dict)
+    for bid, (blob,) in copies.items():
+        env = parse(blob)
+        proto = campaign.attribute(env.attribute).protocol
+        per_step[(env.attribute, env.t)][int(bid.rsplit(":", 1)[1])] = (proto.support(decode_reports(env, campaign)),
+                                                                         env.count)
+    out = {}
+    for key, batches in per_step.items():
+        assert sorted(batches) == list(range(len(batches))), (key, sorted(batches))
+        sizes = [batches[i][1] for i in range(len(batches))]
+        assert all(size == sizes[0] for size in sizes[:-1]) and sizes[-1] <= sizes[0], (key, sizes)
+        out[key] = (np.sum([b[0] for b in batches.values()], axis=0), int(sum(sizes)))
+    return out, dict(marks), sum(1 for n in sends.values() if n > 1)
+
+
+def _flaky_sends(monkeypatch, errors: dict[int, Exception]) -> list[int]:
+    """The broker answers the ``n``-th send of the run (1-based) with ``errors[n]`` instead of storing it (as
+    tansu answers a produce request with error -1 while its storage fails); every other send goes to the real
+    broker. Returns the list of send numbers so far (its length)."""
+    from aiokafka import AIOKafkaProducer
+
+    real = AIOKafkaProducer.send
+    calls: list[int] = []
+
+    async def send(self, topic, value=None, key=None, *args, **kwargs):
+        calls.append(len(calls) + 1)
+        exc = errors.get(len(calls))
+        if exc is None:
+            return await real(self, topic, value, key, *args, **kwargs)
+        fut = asyncio.get_running_loop().create_future()
+        fut.set_exception(exc)
+        return fut
+
+    monkeypatch.setattr(AIOKafkaProducer, "send", send)
+    return calls
+
+
+def test_broker_unknown_error_is_retried_and_a_refusal_commits_nothing_unacknowledged(local_stack, tmp_path,
+                                                                                      monkeypatch):
+    from aiokafka.errors import MessageSizeTooLargeError, UnknownError
+
+    campaign = _campaign()
+    boot = local_stack.info.kafka_bootstrap
+    per_step = 3 * 5 + 3 * 2 + 6  # 3,000 devices, batches of 700: 5 per attribute, about 2 per group attribute
+    # UnknownError (twice) in the middle of step 1: retried, the step sent again from its first unacknowledged
+    # message, the same bytes
+    topic = f"fr-unknown-{uuid.uuid4().hex[:8]}"
+    _flaky_sends(monkeypatch, {per_step + 4: UnknownError(), per_step + 5: UnknownError()})
+    with Fleet(_config(tmp_path / "a")) as fleet:
+        summary = asyncio.run(publish(fleet, boot, topic, partitions=2, retry_deadline=60))
+    assert summary.outages == 1 and summary.resent > 0 and summary.steps == [0, 1, 2]
+    sent, marks, _ = _sent(campaign, _read_topic(boot, topic))
+    assert set(sent) == set(marks) == {(a, t) for a in campaign.attributes for t in range(3)}
+    assert all(sent[key][1] == rec["n"] and np.array_equal(sent[key][0], rec["support"])
+               for key, rec in summary.per_step.items())
+    assert json.loads((tmp_path / "a" / "fleet.json").read_text())["next_step"] == 3
+
+    # an error that sending again cannot cure, in step 1: a clear PublishError; step 0 committed, step 1 not
+    # (drawn, to be sent again by the next run)
+    topic = f"fr-refused-{uuid.uuid4().hex[:8]}"
+    monkeypatch.undo()
+    _flaky_sends(monkeypatch, {per_step + 4: MessageSizeTooLargeError()})
+    with Fleet(_config(tmp_path / "b")) as fleet:
+        with pytest.raises(PublishError, match="MessageSizeTooLarge.*cannot help"):
+            asyncio.run(publish(fleet, boot, topic, partitions=2, retry_deadline=60))
+    meta = json.loads((tmp_path / "b" / "fleet.json").read_text())
+    assert meta["next_step"] == 1 and meta["pending"] and meta["last_step"] == 0
+    monkeypatch.undo()
+    with Fleet(_config(tmp_path / "b", steps=2)) as fleet:
+        assert fleet.resent_step == 1
+        asyncio.run(publish(fleet, boot, topic))
+    sent, marks, _ = _sent(campaign, _read_topic(boot, topic))
+    assert set(sent) == {(a, t) for a in campaign.attributes for t in range(3)}
