@@ -3,27 +3,35 @@
 Unit level (no broker): a drawn step is re-sent byte for byte by a resumed private-mode fleet, its
 group's sampling and its devices' keys included; a resume with another batch-shaping option is
 refused naming it; one producer per state directory (an exclusive lock); an unreadable state file is
-a :class:`FleetStateError` naming the file. Against a real broker: broker errors retried or reported,
-never a step committed unacknowledged.
+a :class:`FleetStateError` naming the file. Through the pipeline (a real broker, a worker counting into
+a real Redis): ``ldp produce`` in private mode SIGKILLed at 20 random points and resumed (every count
+exact, group sums exact, a re-sent batch byte-identical), a second producer and a changed
+``--batch-size`` refused; broker errors retried or reported, never a step committed unacknowledged.
 """
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import multiprocessing
 import os
+import random
 import subprocess
 import sys
 import time
 import uuid
 from collections import defaultdict
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import pytest
 
+from devtools.workers import WorkerProcess, unique_campaign_file, wait_for_counts
 from producers.fleet import Fleet, FleetConfig, FleetStateError, PublishError, _retriable, publish
 from wire.campaign import Campaign
 from wire.envelope import REPORTS, WATERMARK, decode_reports, parse
+from wire.topics import Topics
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -270,6 +278,160 @@ def _sent(campaign: Campaign, records: list[tuple[bytes, bytes]]) -> tuple[dict,
         assert all(size == sizes[0] for size in sizes[:-1]) and sizes[-1] <= sizes[0], (key, sizes)
         out[key] = (np.sum([b[0] for b in batches.values()], axis=0), int(sum(sizes)))
     return out, dict(marks), sum(1 for n in sends.values() if n > 1)
+
+
+def _run_cli(argv: list[str], log: str) -> None:
+    """``ldp produce ...`` in a child of the forkserver (which has imported ``ldp.cli`` once): the command's own
+    code path, its output in ``log``, its exit status the process's."""
+    multiprocessing.set_start_method("fork", force=True)  # numba's process lock: not left to the resource tracker
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    from ldp.cli import app
+
+    try:
+        app(args=argv, prog_name="ldp")
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    sys.exit(code)
+
+
+@contextlib.contextmanager
+def _killing(children: list[multiprocessing.Process]) -> Iterator[None]:
+    """On the way out (a failed assertion included), SIGKILL every child still running."""
+    try:
+        yield
+    finally:
+        for proc in children:
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+
+
+def _ldp_produce(argv: list[str]) -> subprocess.CompletedProcess:
+    """``python -m ldp produce ...`` as a fresh process (how an operator runs it)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(x for x in (str(ROOT), os.environ.get("PYTHONPATH")) if x),
+           "COLUMNS": "200"}
+    return subprocess.run([sys.executable, "-m", "ldp", "produce", *argv], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_private_fleet_sigkilled_at_20_points_counts_exact(local_stack, tmp_path):
+    """Issue 18, acceptance 3: a private-mode ``ldp produce`` SIGKILLed at 20 random points and resumed from
+    its state directory each time; a real worker counts into Redis. Every (attribute, step) count exact, the
+    ALLOMFREE group's counts sum to the fleet every step (each device's sampled attribute, for its life), a
+    batch sent twice has the same bytes; a second producer on the directory and a changed --batch-size refused.
+
+    The 20 runs are children of a multiprocessing forkserver that imported the CLI once (a fresh interpreter
+    spends about 1.5 s importing it): each runs the ``ldp produce`` command in-process with its arguments. The
+    batch-size refusal runs ``python -m ldp produce`` itself. Kill ``i`` waits until the run holds the state
+    directory and step ``i * (STEPS - 2) // 20`` is drawn (fleet.json points to it) or passed, then a seeded
+    random part of a step's sending time (up to 1.2 steps: some kills land in a commit or the next draw)."""
+    steps, devices, batch, rate = 10, 2_000, 250, 40_000.0  # 8,000 reports a step: 0.2 s each at that rate
+    cfile = unique_campaign_file(DEMO, tmp_path)
+    campaign = Campaign.load(cfile)
+    app_id = f"fr-{uuid.uuid4().hex[:6]}"
+    prefix = f"{app_id}."
+    boot, redis_url = local_stack.info.kafka_bootstrap, local_stack.info.redis_url
+    state = tmp_path / "state"
+    log = tmp_path / "produce.log"
+    rng = random.Random(18)
+
+    def argv(remaining: int, *extra: str) -> list[str]:
+        return ["--campaign", str(cfile), "--kafka", boot, "--devices", str(devices), "--steps", str(remaining),
+                "--batch-size", str(batch), "--state-dir", str(state), "--topic-prefix", prefix,
+                "--partitions", "2", *extra]
+
+    def meta() -> dict:
+        try:
+            return json.loads((state / "fleet.json").read_text())
+        except (OSError, ValueError):  # not yet written (atomic replace: never half written)
+            return {}
+
+    def committed() -> int:
+        return int(meta().get("next_step", 0))
+
+    def holder() -> int | None:
+        """The pid that holds the state directory's lock (written once it holds it)."""
+        try:
+            return int((state / "fleet.lock").read_text())
+        except (OSError, ValueError):
+            return None
+
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["ldp.cli", "producers.fleet", "aiokafka", __name__])
+
+    children: list[multiprocessing.Process] = []
+
+    def start(rate_: float = rate, to: Path = log) -> multiprocessing.Process:
+        proc = ctx.Process(target=_run_cli, args=(["produce", *argv(steps - committed(), "--rate", str(rate_))],
+                                                  str(to)))
+        proc.start()
+        children.append(proc)
+        return proc
+
+    worker = WorkerProcess([cfile], boot, redis_url, app_id=app_id, topic_prefix=prefix, partitions=2,
+                           refresh_seconds=0.5, session_timeout=3.0, run_dir=tmp_path)
+    with worker, _killing(children):
+        kills, landed, second_producer, batch_refused, holder_pid = 0, [], None, None, None
+        for i in range(20):
+            target = i * (steps - 2) // 20  # two steps more: a killed run never ends the fleet
+            assert committed() < steps, f"the fleet finished after {kills} kills"
+            slow = i == 5  # the run a second producer meets: slow enough to be running then
+            proc = start(rate_=rate / 20 if slow else rate)
+            deadline = time.monotonic() + 30
+            while not (holder() == proc.pid and (slow or ((m := meta()).get("pending") and m["next_step"] == target)
+                                                 or committed() > target)):
+                assert proc.is_alive(), f"ldp produce exited {proc.exitcode}: {log.read_text()[-3000:]}"
+                assert time.monotonic() < deadline, f"step {target} never drawn: {log.read_text()[-3000:]}"
+                time.sleep(0.005)
+            if slow:  # a second producer on the directory while this one runs
+                holder_pid = proc.pid
+                second = start(to=tmp_path / "second.log")
+                second.join(30)
+                second_producer = (second.exitcode, (tmp_path / "second.log").read_text())
+            time.sleep(rng.uniform(0.0, 1.2 * 8_000 / rate))
+            assert proc.is_alive(), f"ldp produce ended before kill {i + 1}: {log.read_text()[-3000:]}"
+            proc.kill()
+            proc.join()
+            kills += 1
+            m = meta()
+            landed.append((m.get("next_step"), bool(m.get("pending"))))
+            if i == 10:  # the fleet has drawn steps: a resume with another batch size is refused
+                res = _ldp_produce(argv(steps, "--batch-size", str(batch + 50)))
+                batch_refused = (res.returncode, res.stdout + res.stderr)
+        final = start()
+        final.join(60)
+        assert final.exitcode == 0, log.read_text()[-3000:]
+        assert committed() == steps and meta()["pending"] is None
+
+        # the refusals: a clear error (exit 2), no traceback
+        for res, needle in ((second_producer, f"is in use by another producer (pid {holder_pid})"),
+                            (batch_refused, f"--batch-size {batch}; this run has --batch-size {batch + 50}")):
+            assert res is not None and res[0] == 2, res
+            text = " ".join(res[1].split())
+            assert needle in text and "Traceback" not in text, text
+        # kills landed in the middle of drawn steps (sent in part, then again)
+        assert kills == 20 and sum(pending for _, pending in landed) >= 10, landed
+
+        records = _read_topic(boot, Topics.with_prefix(prefix).reports)
+        sent, marks, resent = _sent(campaign, records)
+        assert resent > 0, "no batch was ever sent twice: the kills did not interrupt a step"
+        keys = {(a, t) for a in campaign.attributes for t in range(steps)}
+        assert set(sent) == keys and set(marks) == keys
+        wait_for_counts(redis_url, campaign.id, sent, timeout=60)  # Redis holds exactly the distinct batches
+        group = campaign.groups["device"].attributes
+        with Fleet(FleetConfig(campaign, devices, 0, batch_size=batch, state_dir=state)) as fleet:
+            sampled = np.bincount(fleet.group_states["device"].sampled, minlength=len(group))
+        for t in range(steps):
+            for attr in campaign.ungrouped:
+                assert sent[(attr, t)][1] == devices, (attr, t)
+            # each device reports the attribute it sampled for its life: the committed sampling, every step
+            assert [sent[(attr, t)][1] for attr in group] == list(sampled), t
+            assert sum(sent[(attr, t)][1] for attr in group) == devices
 
 
 def _flaky_sends(monkeypatch, errors: dict[int, Exception]) -> list[int]:
