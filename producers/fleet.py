@@ -10,38 +10,52 @@ batches of ``batch_size`` (one batch envelope = one Kafka message, key
 :func:`wire.topics.message_key`), followed by a watermark envelope with the same key, hence in
 the same partition and after the batches. Sends are pipelined (a bounded window of un-acked
 futures, ``acks="all"``); an ``on_step`` hook runs once each step is acknowledged (the demo
-paces its steps and draws its live view there). A broker outage is waited out and the
-unacknowledged messages are sent again, unchanged (:func:`publish`, ``retry_deadline``).
+paces its steps and draws its live view there). A broker outage, or a broker error worth retrying
+(:func:`_retriable`), is waited out and the unacknowledged messages are sent again, unchanged
+(:func:`publish`, ``retry_deadline``).
 
-Randomness: by default (``seed=None``) the fleet is private like real devices: memo keys and
-the noise of every batch are 256-bit keys from the OS CSPRNG (:mod:`estimators.randomness`);
-only the simulated true values come from a generator (seeded by a random population seed kept
-in the state directory, so a resumed fleet's values continue). With an integer ``seed`` the
-fleet runs in the labelled *simulation mode*: every draw comes from a generator seeded by
-``(seed, attribute, purpose, t)``, so a fleet is a pure function of its config and a fleet
-resumed from ``state_dir`` continues exactly as the uninterrupted one would have (same values,
-same memo keys, same reports) -- and anyone who knows the seed can re-derive every report, so
-it is for tests and benchmarks only (:attr:`Fleet.simulation` says which mode is on).
+Randomness: by default (``seed=None``) the fleet is private like real devices: memo keys, a group's
+sampling and the noise of every batch come from 256-bit keys of the OS CSPRNG
+(:mod:`estimators.randomness`); only the simulated true values come from a generator (seeded by a
+random population seed kept in the state directory, so a resumed fleet's values continue). With an
+integer ``seed`` the fleet runs in the labelled *simulation mode*: every draw comes from a generator
+seeded by ``(seed, attribute, purpose, t)``, so a fleet is a pure function of its config -- and anyone
+who knows the seed can re-derive every report, so it is for tests and benchmarks only
+(:attr:`Fleet.simulation` says which mode is on).
+
+Resumes that cannot diverge (``state_dir``): a step is drawn whole (:meth:`Fleet.draw`) and written
+to the state directory -- its reports and every device's state after it -- before its first batch is
+sent; :func:`publish` commits it (:meth:`Fleet.commit`) once every batch and watermark of it is
+acknowledged. A fleet killed in between re-sends that step from the record: the same bytes under the
+same batch ids, private mode too (the record holds what was drawn, not a seed), so the count store
+skips what it applied and nobody sees a device randomized twice. ``fleet.json`` records every option
+that shapes the batches (:data:`_SHAPING`); a resume with another is refused naming it
+(:class:`FleetStateError`), as is a second fleet on a directory in use (an exclusive ``flock`` held
+from :class:`Fleet` construction to :meth:`Fleet.close`; the kernel releases it when the process
+dies) and a state file that cannot be read (missing, truncated, or not matching its SHA-256).
+``docs/fleet.md`` has the whole story.
 
 State directory layout (``state_dir``)::
 
-    fleet.json              # committed pointer: campaign, fingerprint, n_devices, next_step, snapshot,
-                            #   producer_id
-    producer.json           # the producer id, written when the fleet is first created (before any commit)
-    step-000004/            # the snapshot after step 4: one file pair per attribute
-        <attr>.memo.npz     #   MemoState.save (keys + memoized bitset)
+    fleet.json              # the pointer: campaign, fingerprint, options, producer id, population seed,
+                            #   next_step, last_step, snapshot (committed), pending (drawn, being sent)
+    producer.json           # the producer id, written when the fleet is first created (before any draw)
+    fleet.lock              # the lock; holds the pid of the fleet that has it
+    step-000004-XXXXXXXX/   # the state after step 4: manifest.json (SHA-256 of every file) and per attribute
+        <attr>.memo.npz     #   MemoState.save (keys + memoized bitset), or <group>.group.npz (MultiState)
         <attr>.values.npy   #   the population's current values (Syn evolution continues)
+        <attr>.reports.npy  #   while step 4 is pending: its reports, sent again as they are after a crash
 
-A snapshot is written to a temporary directory, fsynced, renamed, and only then made current
-by atomically replacing ``fleet.json``; a crash at any point leaves the previous snapshot
-current and intact.
+A directory is written and fsynced in full before ``fleet.json`` (replaced atomically) points to it;
+a crash at any point leaves the previous pointer current and its directory intact (an unreferenced
+directory is removed by the next run).
 
 Exactly-once: every batch envelope carries a stable batch id ``<producer>:<t>:<attribute>:<index>``
-(:meth:`Fleet.batch_id`; ``index`` is the batch's position in the step, the batching being
-deterministic). The producer id (:attr:`Fleet.producer_id`, 128 random bits in hex) is made once
-and kept in the state directory, so a fleet killed after sending (part of) a step and resumed
-re-sends that step under the same ids and the count store skips what it already applied; a
-fleet without a state directory gets a fresh id.
+(:meth:`Fleet.batch_id`; ``index`` is the batch's position in the step, :meth:`Fleet.messages`). The
+producer id (:attr:`Fleet.producer_id`, 128 random bits in hex) is made once and kept in the state
+directory, so a fleet killed after sending (part of) a step and resumed re-sends that step under the
+same ids and the count store skips what it already applied; a fleet without a state directory gets a
+fresh id.
 """
 from __future__ import annotations
 
@@ -527,7 +541,7 @@ class Fleet:
         however it ends)."""
         root = self.config.state_dir
         assert root is not None
-        root.mkdir(parents=True, exist_ok=True)
+        root.mkdir(mode=0o700, parents=True, exist_ok=True)  # it holds the devices' secret keys
         path = root / _LOCK_FILE
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
