@@ -677,6 +677,8 @@ class Fleet:
                 files = manifest["files"]
                 if manifest.get("format") != _SNAPSHOT_FORMAT or not isinstance(files, dict):
                     raise ValueError("not a fleet snapshot manifest")
+                if manifest.get("t") != t:
+                    raise ValueError(f"it is the state after step {manifest.get('t')}, {root / _STATE_FILE} says {t}")
             except (OSError, ValueError, KeyError, TypeError) as exc:
                 raise FleetStateError(f"cannot read {mpath} ({exc}); {_CORRUPT}") from exc
             for fname, digest in files.items():

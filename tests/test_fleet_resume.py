@@ -193,6 +193,19 @@ def test_a_corrupt_state_file_is_a_clear_error(tmp_path, target):
     assert str(path) in text and "another --state-dir" in text and "backup" in text, text
 
 
+def test_a_pointer_to_the_wrong_step_is_refused(tmp_path):
+    """A fleet.json that is intact (its checksum holds) but names a snapshot of another step."""
+    from producers.fleet import _checked_json
+
+    state = tmp_path / "state"
+    with Fleet(_config(state)) as fleet:
+        fleet.draw(0)
+    meta = json.loads((state / "fleet.json").read_text())
+    (state / "fleet.json").write_bytes(_checked_json({**meta, "next_step": 1}))
+    with pytest.raises(FleetStateError, match="state after step 0, .*fleet.json says 1"):
+        Fleet(_config(state))
+
+
 @pytest.mark.parametrize("garbage", [b"PK\x03\x04 not a zip", b""])
 def test_a_corrupt_legacy_state_file_is_a_clear_error(tmp_path, garbage):
     """A version-1 state (no checksums): the loaders' own errors (BadZipFile, ValueError) name the file."""
