@@ -27,6 +27,7 @@ from typing import Iterator
 import numpy as np
 import pytest
 
+import fleet_children
 from devtools.workers import WorkerProcess, unique_campaign_file, wait_for_counts
 from producers.fleet import Fleet, FleetConfig, FleetStateError, PublishError, _retriable, publish
 from wire.campaign import Campaign
@@ -293,25 +294,6 @@ def _sent(campaign: Campaign, records: list[tuple[bytes, bytes]]) -> tuple[dict,
     return out, dict(marks), sum(1 for n in sends.values() if n > 1)
 
 
-def _run_cli(argv: list[str], log: str) -> None:
-    """``ldp produce ...`` in a child of the forkserver (which has imported ``ldp.cli`` once): the command's own
-    code path, its output in ``log``, its exit status the process's."""
-    multiprocessing.set_start_method("fork", force=True)  # numba's process lock: not left to the resource tracker
-    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    from ldp.cli import app
-
-    try:
-        app(args=argv, prog_name="ldp")
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    sys.stdout.flush()
-    sys.stderr.flush()
-    sys.exit(code)
-
-
 @contextlib.contextmanager
 def _killing(children: list[multiprocessing.Process]) -> Iterator[None]:
     """On the way out (a failed assertion included), SIGKILL every child still running."""
@@ -338,9 +320,9 @@ def test_private_fleet_sigkilled_at_20_points_counts_exact(local_stack, tmp_path
     ALLOMFREE group's counts sum to the fleet every step (each device's sampled attribute, for its life), a
     batch sent twice has the same bytes; a second producer on the directory and a changed --batch-size refused.
 
-    The 20 runs are children of a multiprocessing forkserver that imported the CLI once (a fresh interpreter
-    spends about 1.5 s importing it): each runs the ``ldp produce`` command in-process with its arguments. The
-    batch-size refusal runs ``python -m ldp produce`` itself. Kill ``i`` waits until the run holds the state
+    The 20 runs are children of a multiprocessing forkserver that imported the CLI once (``fleet_children``: a
+    fresh interpreter spends about 2 s starting): each runs the ``ldp produce`` command in-process with its
+    arguments. The batch-size refusal runs ``python -m ldp produce`` itself. Kill ``i`` waits until the run holds the state
     directory and step ``i * (STEPS - 2) // 20`` is drawn (fleet.json points to it) or passed, then a seeded
     random part of a step's sending time (up to 1.2 steps: some kills land in a commit or the next draw)."""
     steps, devices, batch, rate = 10, 2_000, 250, 40_000.0  # 8,000 reports a step: 0.2 s each at that rate
@@ -375,12 +357,12 @@ def test_private_fleet_sigkilled_at_20_points_counts_exact(local_stack, tmp_path
             return None
 
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["ldp.cli", "producers.fleet", "aiokafka", __name__])
+    ctx.set_forkserver_preload(["fleet_children"])
 
     children: list[multiprocessing.Process] = []
 
     def start(rate_: float = rate, to: Path = log) -> multiprocessing.Process:
-        proc = ctx.Process(target=_run_cli, args=(["produce", *argv(steps - committed(), "--rate", str(rate_))],
+        proc = ctx.Process(target=fleet_children.run_cli, args=(["produce", *argv(steps - committed(), "--rate", str(rate_))],
                                                   str(to)))
         proc.start()
         children.append(proc)
