@@ -624,12 +624,16 @@ REDIS = Annotated[Optional[str], typer.Option("--redis", help="Redis URL (defaul
 @app.command()
 def produce(campaign: CAMPAIGN = Path("deploy/campaigns/demo.toml"), kafka: KAFKA = None,
             devices: Annotated[int, typer.Option(help="Simulated devices.")] = 100_000,
-            steps: Annotated[int, typer.Option(help="Time steps to send.")] = 5,
+            steps: Annotated[int, typer.Option(help="Time steps to send (after those a --state-dir holds).")] = 5,
             dataset: Annotated[str, typer.Option(help="uniform, zipf or syn.")] = "syn",
             p_change: Annotated[float, typer.Option(help="Per-step change probability (syn).")] = 0.25,
             batch_size: Annotated[int, typer.Option(help="Reports per Kafka message.")] = 50_000,
             rate: Annotated[Optional[float], typer.Option(help="Target reports/s (default: as fast as possible).")] = None,
-            state_dir: Annotated[Optional[Path], typer.Option(help="Persist the fleet's memo state here (resumable).")] = None,
+            state_dir: Annotated[Optional[Path], typer.Option(
+                help="The fleet's state directory (docs/fleet.md): memo keys, each step drawn before it is sent, "
+                     "options. Resumable; locked while a producer uses it.")] = None,
+            topic_prefix: Annotated[str, typer.Option(
+                help="Prefix of the reports topic ({prefix}ldp.reports), as the workers' --topic-prefix.")] = "",
             partitions: Annotated[int, typer.Option(help="Partitions of ldp.reports if it must be created.")] = 4,
             retry_deadline: Annotated[float, typer.Option(
                 help="Broker outages: retry (with backoff) for this many seconds, then give up.")] = 300.0,
@@ -637,34 +641,43 @@ def produce(campaign: CAMPAIGN = Path("deploy/campaigns/demo.toml"), kafka: KAFK
     """Simulate a device fleet and publish its randomized reports to ldp.reports."""
     import aiokafka  # noqa: F401 - its loggers must exist before their repeated errors are limited
 
-    from producers.fleet import FleetConfig, PublishError, publish
+    from producers.fleet import Fleet, FleetConfig, publish
     from stream_app.health import limit_repeated_logs
     from wire.campaign import Campaign, CampaignError
+    from wire.topics import Topics
 
     limit_repeated_logs(("aiokafka",))
 
     bootstrap, _ = _stack_addresses(kafka, None, need_redis=False)
-    try:
+    try:  # a state directory that is locked, unreadable or made with other options is refused here
         camp = Campaign.load(campaign)
-        cfg = FleetConfig(camp, devices, steps, dataset=dataset, p_change=p_change, batch_size=batch_size,
-                          rate=rate, seed=seed, state_dir=state_dir)
-    except (CampaignError, ValueError) as exc:
+        fleet = Fleet(FleetConfig(camp, devices, steps, dataset=dataset, p_change=p_change, batch_size=batch_size,
+                                  rate=rate, seed=seed, state_dir=state_dir))
+    except (CampaignError, ValueError, OSError) as exc:  # FleetStateError is a ValueError
         _fail(exc)
-    total = devices * steps * len(camp.attributes)
-    console.print(SIMULATION_BANNER.format(seed=seed) if seed is not None else
-                  "randomness: 256-bit device keys and batch noise keys from the OS CSPRNG (ChaCha20 streams)")
-    console.print(f"fleet of {devices:,} devices x {len(camp.attributes)} attributes x {steps} steps "
-                  f"= {total:,} reports → {bootstrap}")
-    with progress_bar(console) as bar:
-        task = bar.add_task("publishing", total=total)
+    with fleet:
+        topic = Topics.with_prefix(topic_prefix).reports
+        total = devices * steps * fleet.reports_per_device
+        console.print(SIMULATION_BANNER.format(seed=seed) if seed is not None else
+                      "randomness: 256-bit device keys and batch noise keys from the OS CSPRNG (ChaCha20 streams)")
+        if fleet.resent_step is not None:
+            console.print(f"resuming {state_dir}: step {fleet.resent_step} was drawn before the stop and is sent "
+                          "again unchanged (the count store skips the batches it already applied)")
+        elif fleet.resumed:
+            console.print(f"resuming {state_dir} at step {fleet.next_step}")
+        console.print(f"fleet of {devices:,} devices x {len(camp.attributes)} attributes x {steps} steps "
+                      f"= {total:,} reports → {topic} at {bootstrap}")
+        with progress_bar(console) as bar:
+            task = bar.add_task("publishing", total=total)
 
-        def hook(p) -> None:
-            bar.update(task, completed=p.reports_sent, description=f"step {p.t} {p.attribute} {p.rate / 1e6:.1f}M/s")
-        try:
-            summary = asyncio.run(publish(cfg, bootstrap, on_progress=hook, keep_supports=False, partitions=partitions,
-                                          retry_deadline=retry_deadline))
-        except PublishError as exc:
-            _fail(exc)
+            def hook(p) -> None:
+                bar.update(task, completed=p.reports_sent,
+                           description=f"step {p.t} {p.attribute} {p.rate / 1e6:.1f}M/s")
+            try:
+                summary = asyncio.run(publish(fleet, bootstrap, topic, on_progress=hook, keep_supports=False,
+                                              partitions=partitions, retry_deadline=retry_deadline))
+            except (LDPError, OSError) as exc:  # PublishError, FleetStateError; a state directory that cannot be written
+                _fail(exc)
     for line in summary.lines():
         console.print("  " + line)
 

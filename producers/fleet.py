@@ -10,43 +10,59 @@ batches of ``batch_size`` (one batch envelope = one Kafka message, key
 :func:`wire.topics.message_key`), followed by a watermark envelope with the same key, hence in
 the same partition and after the batches. Sends are pipelined (a bounded window of un-acked
 futures, ``acks="all"``); an ``on_step`` hook runs once each step is acknowledged (the demo
-paces its steps and draws its live view there). A broker outage is waited out and the
-unacknowledged messages are sent again, unchanged (:func:`publish`, ``retry_deadline``).
+paces its steps and draws its live view there). A broker outage, or a broker error worth retrying
+(:func:`_retriable`), is waited out and the unacknowledged messages are sent again, unchanged
+(:func:`publish`, ``retry_deadline``).
 
-Randomness: by default (``seed=None``) the fleet is private like real devices: memo keys and
-the noise of every batch are 256-bit keys from the OS CSPRNG (:mod:`estimators.randomness`);
-only the simulated true values come from a generator (seeded by a random population seed kept
-in the state directory, so a resumed fleet's values continue). With an integer ``seed`` the
-fleet runs in the labelled *simulation mode*: every draw comes from a generator seeded by
-``(seed, attribute, purpose, t)``, so a fleet is a pure function of its config and a fleet
-resumed from ``state_dir`` continues exactly as the uninterrupted one would have (same values,
-same memo keys, same reports) -- and anyone who knows the seed can re-derive every report, so
-it is for tests and benchmarks only (:attr:`Fleet.simulation` says which mode is on).
+Randomness: by default (``seed=None``) the fleet is private like real devices: memo keys, a group's
+sampling and the noise of every batch come from 256-bit keys of the OS CSPRNG
+(:mod:`estimators.randomness`); only the simulated true values come from a generator (seeded by a
+random population seed kept in the state directory, so a resumed fleet's values continue). With an
+integer ``seed`` the fleet runs in the labelled *simulation mode*: every draw comes from a generator
+seeded by ``(seed, attribute, purpose, t)``, so a fleet is a pure function of its config -- and anyone
+who knows the seed can re-derive every report, so it is for tests and benchmarks only
+(:attr:`Fleet.simulation` says which mode is on).
+
+Resumes that cannot diverge (``state_dir``): a step is drawn whole (:meth:`Fleet.draw`) and written
+to the state directory -- its reports and every device's state after it -- before its first batch is
+sent; :func:`publish` commits it (:meth:`Fleet.commit`) once every batch and watermark of it is
+acknowledged. A fleet killed in between re-sends that step from the record: the same bytes under the
+same batch ids, private mode too (the record holds what was drawn, not a seed), so the count store
+skips what it applied and nobody sees a device randomized twice. ``fleet.json`` records every option
+that shapes the batches (:data:`_SHAPING`); a resume with another is refused naming it
+(:class:`FleetStateError`), as is a second fleet on a directory in use (an exclusive ``flock`` held
+from :class:`Fleet` construction to :meth:`Fleet.close`; the kernel releases it when the process
+dies) and a state file that cannot be read (missing, truncated, or not matching its SHA-256).
+``docs/fleet.md`` has the whole story.
 
 State directory layout (``state_dir``)::
 
-    fleet.json              # committed pointer: campaign, fingerprint, n_devices, next_step, snapshot,
-                            #   producer_id
-    producer.json           # the producer id, written when the fleet is first created (before any commit)
-    step-000004/            # the snapshot after step 4: one file pair per attribute
-        <attr>.memo.npz     #   MemoState.save (keys + memoized bitset)
+    fleet.json              # the pointer: campaign, fingerprint, options, producer id, population seed,
+                            #   next_step, last_step, snapshot (committed), pending (drawn, being sent)
+    producer.json           # the producer id, written when the fleet is first created (before any draw)
+    fleet.lock              # the lock; holds the pid of the fleet that has it
+    step-000004-XXXXXXXX/   # the state after step 4: manifest.json (SHA-256 of every file) and per attribute
+        <attr>.memo.npz     #   MemoState.save (keys + memoized bitset), or <group>.group.npz (MultiState)
         <attr>.values.npy   #   the population's current values (Syn evolution continues)
+        <attr>.reports.npy  #   while step 4 is pending: its reports, sent again as they are after a crash
 
-A snapshot is written to a temporary directory, fsynced, renamed, and only then made current
-by atomically replacing ``fleet.json``; a crash at any point leaves the previous snapshot
-current and intact.
+A directory is written and fsynced in full before ``fleet.json`` (replaced atomically) points to it;
+a crash at any point leaves the previous pointer current and its directory intact (an unreferenced
+directory is removed by the next run).
 
 Exactly-once: every batch envelope carries a stable batch id ``<producer>:<t>:<attribute>:<index>``
-(:meth:`Fleet.batch_id`; ``index`` is the batch's position in the step, the batching being
-deterministic). The producer id (:attr:`Fleet.producer_id`, 128 random bits in hex) is made once
-and kept in the state directory, so a fleet killed after sending (part of) a step and resumed
-re-sends that step under the same ids and the count store skips what it already applied; a
-fleet without a state directory gets a fresh id.
+(:meth:`Fleet.batch_id`; ``index`` is the batch's position in the step, :meth:`Fleet.messages`). The
+producer id (:attr:`Fleet.producer_id`, 128 random bits in hex) is made once and kept in the state
+directory, so a fleet killed after sending (part of) a step and resumed re-sends that step under the
+same ids and the count store skips what it already applied; a fleet without a state directory gets a
+fresh id.
 """
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import hashlib
+import io
 import json
 import logging
 import os
@@ -54,6 +70,7 @@ import secrets
 import shutil
 import tempfile
 import time
+import zipfile
 import zlib
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -78,8 +95,21 @@ __all__ = ["FleetConfig", "Fleet", "StepData", "FleetSummary", "Progress", "Flee
            "publish", "publish_sync", "ensure_topic"]
 
 _STATE_FORMAT = "ldp-stream/fleet-state"
+_SNAPSHOT_FORMAT = "ldp-stream/fleet-snapshot"
+_STATE_FILE = "fleet.json"
 _PRODUCER_FILE = "producer.json"
-_STATE_VERSION = 1
+_LOCK_FILE = "fleet.lock"
+_MANIFEST = "manifest.json"
+_STATE_VERSION = 2  # version 1 (no options, no drawn-step record, no checksums) is still read
+#: The options that shape a fleet's batches (recorded in fleet.json; a resume must keep them), as
+#: ``(FleetConfig field, its name in messages: the option of `ldp produce`)``.
+_SHAPING = (("n_devices", "--devices"), ("batch_size", "--batch-size"), ("dataset", "--dataset"),
+            ("p_change", "--p-change"), ("base", "base distribution"), ("zipf_s", "Zipf exponent"),
+            ("seed", "--seed"))
+#: What a fleet whose state cannot be read does, and why (appended to those errors).
+_CORRUPT = ("the fleet does not go on from a state it cannot read: new keys, or a new draw for devices that have "
+            "already reported, would randomize them again (an averaging attack). Restore the state directory "
+            "from a backup, or start a new fleet (new devices) with another --state-dir")
 _ENVELOPE_OVERHEAD = 1024  # envelope header + names, generous
 
 log = logging.getLogger(__name__)
@@ -218,7 +248,12 @@ def true_frequencies(proto: FrequencyProtocol, values: np.ndarray) -> np.ndarray
 
 # --------------------------------------------------------------------------- the fleet
 class Fleet:
-    """``n_devices`` simulated devices of one campaign (all attributes, vectorized)."""
+    """``n_devices`` simulated devices of one campaign (all attributes, vectorized).
+
+    With a ``state_dir`` the fleet holds an exclusive lock on it from construction until
+    :meth:`close` (or the process ends): a second fleet on the same directory gets a
+    :class:`FleetStateError` at once.
+    """
 
     def __init__(self, config: FleetConfig) -> None:
         self.config = config
@@ -232,24 +267,42 @@ class Fleet:
         self.group_states: dict[str, Any] = {}  # group -> the solution's MultiState
         n = config.n_devices
         self.population_seed = config.seed if config.seed is not None else secrets.randbits(63)
+        self._build_populations()
         for name in self.attributes:
-            proto = self.proto(name)
-            tag = _attr_tag(name)
-            self.populations[name] = EvolvingPopulation(
-                n, proto.k, kind=config.dataset, p_change=config.p_change, base=config.base,  # type: ignore[arg-type]
-                zipf_s=config.zipf_s, rng=np.random.default_rng([self.population_seed, tag, _POPULATION]))
             if self.campaign.attributes[name].group is None:
-                self.states[name] = proto.new_state(n, rng=self._device_rng(tag, _KEYS))
+                self.states[name] = self.proto(name).new_state(n, rng=self._device_rng(_attr_tag(name), _KEYS))
         for g in self.campaign.groups.values():
             self.group_states[g.name] = g.solution.new_state(n, rng=self._device_rng(_attr_tag(g.name), _GROUP, _KEYS))
-        self.resumed = False
+        self.resumed = False  # a committed snapshot or a drawn step was read from state_dir
+        self.resent_step: int | None = None  # the drawn, uncommitted step read from state_dir (sent again)
         self.next_step = 0
         self.producer_id = os.urandom(16).hex()  # 128 random bits (not the device-key entropy path)
+        self._lock_fd: int | None = None
+        self._snapshot: str | None = None  # the committed snapshot (a directory name in state_dir)
+        self._last_step: int | None = None  # the step it is the state after
+        self._pending: tuple[int, str | None, list[StepData]] | None = None  # a drawn step not yet committed
         if config.state_dir is not None:
-            self.resumed = self._load()
-            self._keep_producer_id()
+            self._lock()
+            try:
+                self._load()
+                if config.first_step is not None and self._pending is not None \
+                        and config.first_step != self._pending[0]:
+                    raise FleetStateError(
+                        f"{config.state_dir}: step {self._pending[0]} was drawn and may have been partly sent; it "
+                        f"is sent again, unchanged, before any other step (first_step={config.first_step} refused)")
+            except BaseException:
+                self.close()
+                raise
         if config.first_step is not None:
             self.next_step = config.first_step
+
+    def _build_populations(self) -> None:
+        c = self.config
+        for name in self.attributes:
+            self.populations[name] = EvolvingPopulation(
+                c.n_devices, self.proto(name).k, kind=c.dataset, p_change=c.p_change,  # type: ignore[arg-type]
+                base=c.base, zipf_s=c.zipf_s,  # type: ignore[arg-type]
+                rng=np.random.default_rng([self.population_seed, _attr_tag(name), _POPULATION]))
 
     # ------------------------------------------------------------------ basics
     def batch_id(self, t: int, attribute: str, index: int) -> str:
@@ -260,16 +313,17 @@ class Fleet:
             bid = f"{self.producer_id}:{t}:#{tag}:{index}"
         return bid
 
-    def _keep_producer_id(self) -> None:
-        """Persist the producer id in the state directory before anything is sent (a crash before the
-        first commit must not change it)."""
-        root = self.config.state_dir
-        assert root is not None
-        path = root / _PRODUCER_FILE
-        if path.exists():
-            return
-        root.mkdir(parents=True, exist_ok=True)
-        atomic_write(path, json.dumps({"producer_id": self.producer_id}).encode())
+    def messages(self, data: StepData) -> Iterator[tuple[bytes, bytes, int]]:
+        """``(key, envelope, reports)`` of every message of one attribute's step, in send order: its batches
+        (``batch_size`` reports each, the last one shorter; batch ids :meth:`batch_id`), then its watermark
+        (``reports`` 0), which states the step's report count (a step counted short of it lost reports)."""
+        key = message_key(data.t, data.attribute)
+        size = self.config.batch_size
+        for index, lo in enumerate(range(0, data.n, size)):
+            chunk = data.reports[lo:lo + size]
+            yield key, pack_reports(self.campaign, data.attribute, data.t, chunk,
+                                    batch_id=self.batch_id(data.t, data.attribute, index)), len(chunk)
+        yield key, pack_watermark(self.campaign, data.attribute, data.t, count=data.n), 0
 
     @property
     def simulation(self) -> bool:
@@ -350,6 +404,25 @@ class Fleet:
         """:meth:`randomize_attribute` or :meth:`randomize_group` of one of :attr:`units`."""
         return self.randomize_group(unit, t) if unit in self.campaign.groups else [self.randomize_attribute(unit, t)]
 
+    def draw(self, t: int, *, persist: bool = True) -> list[StepData]:
+        """Every report of step ``t`` (all units, in :attr:`units` order), drawn once.
+
+        With a ``state_dir`` (and ``persist``) the drawn step -- its reports and every device's state after
+        it (memo keys and marks, a group's sampling, the values) -- is written to the state directory before
+        this returns, so :func:`publish` sends nothing that is not on disk first. A step drawn and not yet
+        committed is returned again, never drawn anew: from memory, or from the state directory after a
+        restart (:attr:`resent_step`), so a resumed fleet re-sends the very same reports.
+        """
+        if self._pending is not None:
+            if self._pending[0] != t:
+                raise FleetStateError(f"step {self._pending[0]} was drawn but not committed; it is sent (again) "
+                                      f"before any other step (step {t} asked for)")
+            return self._pending[2]
+        data = [d for unit in self.units for d in self.randomize_unit(unit, t)]
+        if persist and self.config.state_dir is not None:
+            self._prepare(t, data)
+        return data
+
     def step(self, t: int | None = None, *, persist: bool = True) -> dict[str, StepData]:
         """Simulate time step ``t`` (default: :attr:`next_step`) for every attribute.
 
@@ -357,7 +430,7 @@ class Fleet:
         disk afterwards (``publish`` commits only once the step's batches are acknowledged).
         """
         t = self.next_step if t is None else int(t)
-        out = {d.attribute: d for unit in self.units for d in self.randomize_unit(unit, t)}
+        out = {d.attribute: d for d in self.draw(t, persist=False)}
         self.next_step = t + 1
         if persist:
             self.commit(t)
@@ -369,96 +442,334 @@ class Fleet:
             yield t, self.step(t)
 
     # ------------------------------------------------------------------ persistence
-    def _meta(self, t: int, snapshot: str) -> dict[str, Any]:
+    def _meta(self, next_step: int, pending: str | None) -> dict[str, Any]:
         c = self.config
         return {"format": _STATE_FORMAT, "version": _STATE_VERSION, "campaign": self.campaign.id,
-                "fingerprint": self.campaign.fingerprint, "n_devices": c.n_devices,
-                "attributes": self.attributes, "dataset": c.dataset, "base": c.base,
-                "p_change": c.p_change, "seed": c.seed,
-                "population_seed": self.population_seed, "last_step": t, "next_step": t + 1,
-                "snapshot": snapshot, "producer_id": self.producer_id, "saved_at": time.time()}
+                "fingerprint": self.campaign.fingerprint, "attributes": self.attributes,
+                "options": {name: getattr(c, name) for name, _ in _SHAPING}, "simulation": self.simulation,
+                "population_seed": self.population_seed, "producer_id": self.producer_id,
+                "last_step": self._last_step, "next_step": next_step, "snapshot": self._snapshot,
+                "pending": pending, "saved_at": time.time()}
 
-    def commit(self, t: int) -> None:
-        """Persist every attribute's memo state and values as the state after step ``t``."""
+    def _write_meta(self, next_step: int, pending: str | None = None) -> None:
+        assert self.config.state_dir is not None
+        atomic_write(self.config.state_dir / _STATE_FILE, _checked_json(self._meta(next_step, pending)))
+
+    def _write_snapshot(self, t: int, data: list[StepData] | None = None) -> str:
+        """Write every device's state (after step ``t``) and, if given, the step's reports to a new directory
+        of ``state_dir`` (files fsynced, their SHA-256 in its manifest); returns its name. Nothing points to
+        it yet: a crash leaves an unreferenced directory, removed by the next run."""
         root = self.config.state_dir
-        if root is None:
-            return
+        assert root is not None
         root.mkdir(parents=True, exist_ok=True)
-        name = f"step-{t:06d}"
-        tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=root))
+        snap = Path(tempfile.mkdtemp(prefix=f"step-{t:06d}-", dir=root))
+        files: dict[str, str] = {}
+
+        def put(name: str, blob: bytes) -> None:
+            with os.fdopen(os.open(snap / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as f:
+                f.write(blob)
+                f.flush()
+                os.fsync(f.fileno())
+            files[name] = hashlib.sha256(blob).hexdigest()
+
+        def npy(array: np.ndarray) -> bytes:
+            buf = io.BytesIO()
+            np.save(buf, array, allow_pickle=False)
+            return buf.getvalue()
+
         try:
             for group, gst in self.group_states.items():
-                gst.save(tmp / f"{group}.group.npz")
+                gst.save(snap / f"{group}.group.npz")  # atomic, fsynced
+                files[f"{group}.group.npz"] = _sha256(snap / f"{group}.group.npz")
             for attr in self.attributes:
                 st = self.states.get(attr)
                 if st is not None:
-                    st.save(tmp / f"{attr}.memo.npz")
+                    st.save(snap / f"{attr}.memo.npz")
+                    files[f"{attr}.memo.npz"] = _sha256(snap / f"{attr}.memo.npz")
                 vals = self.populations[attr].values
                 if vals is not None:
-                    with open(tmp / f"{attr}.values.npy", "wb") as f:
-                        np.save(f, vals.astype(uint_dtype(self.proto(attr).k)))
-                        f.flush()
-                        os.fsync(f.fileno())
-            fsync_dir(tmp)
-            final = root / name
-            if final.exists():
-                shutil.rmtree(final)
-            os.replace(tmp, final)
+                    put(f"{attr}.values.npy", npy(vals.astype(uint_dtype(self.proto(attr).k))))
+            for d in data or ():
+                put(f"{d.attribute}.reports.npy", npy(d.reports))
+            manifest = {"format": _SNAPSHOT_FORMAT, "t": t, "files": files, "batch_size": self.config.batch_size,
+                        "reports": {d.attribute: d.n for d in data or ()}}
+            put(_MANIFEST, _checked_json(manifest))
+            fsync_dir(snap)
             fsync_dir(root)
         except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.rmtree(snap, ignore_errors=True)
             raise
-        atomic_write(root / "fleet.json", json.dumps(self._meta(t, name), indent=1).encode())
-        for old in root.iterdir():  # older snapshots and crashed temporaries
-            if old.is_dir() and old.name != name and (old.name.startswith("step-") or old.name.startswith(".step-")):
-                shutil.rmtree(old, ignore_errors=True)
+        return snap.name
 
-    def _load(self) -> bool:
+    def _prepare(self, t: int, data: list[StepData]) -> None:
+        """Commit what was drawn for step ``t`` before any of it is sent: the reports and the state after the
+        step, then ``fleet.json`` pointing to them as the step to send (again, after a crash)."""
+        name = self._write_snapshot(t, data)
+        self._write_meta(t, pending=name)
+        self._pending = (t, name, data)
+        self._cleanup()
+
+    def commit(self, t: int) -> None:
+        """Make the state after step ``t`` the committed one (the drawn step's record if there is one, else a
+        snapshot written now); the fleet then resumes at ``t + 1``."""
+        root = self.config.state_dir
+        if root is None:
+            self._pending = None
+            return
+        if self._pending is not None and self._pending[0] != t:
+            raise FleetStateError(f"step {self._pending[0]} was drawn but not committed; cannot commit step {t}")
+        name = self._pending[1] if self._pending is not None else None
+        if name is None:
+            name = self._write_snapshot(t)
+        self._snapshot, self._last_step, self._pending = name, t, None
+        self._write_meta(t + 1)
+        for reports in (root / name).glob("*.reports.npy"):  # sent and acknowledged: not needed any more
+            reports.unlink()
+        self._cleanup()
+
+    def _cleanup(self) -> None:
+        """Remove every snapshot directory that ``fleet.json`` does not point to (older ones, crashed writes)."""
         root = self.config.state_dir
         assert root is not None
-        meta_path = root / "fleet.json"
+        keep = {self._snapshot, self._pending[1] if self._pending is not None else None}
+        for old in root.iterdir():
+            if old.is_dir() and old.name not in keep and (old.name.startswith("step-") or old.name.startswith(".step-")):
+                shutil.rmtree(old, ignore_errors=True)
+
+    def _lock(self) -> None:
+        """Take the exclusive lock of ``state_dir`` (``flock``; the kernel releases it when the process ends,
+        however it ends)."""
+        root = self.config.state_dir
+        assert root is not None
+        root.mkdir(mode=0o700, parents=True, exist_ok=True)  # it holds the devices' secret keys
+        path = root / _LOCK_FILE
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            try:
+                holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            except OSError:
+                holder = "unknown"
+            os.close(fd)
+            raise FleetStateError(f"{root} is in use by another producer (pid {holder}): a fleet state directory "
+                                  "serves one producer at a time. Let that one finish (or stop it) and run again, "
+                                  "or use another --state-dir") from None
+        except BaseException:
+            os.close(fd)
+            raise
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._lock_fd = fd
+
+    def close(self) -> None:
+        """Release the state directory's lock (idempotent); the fleet must not be used afterwards."""
+        fd, self._lock_fd = getattr(self, "_lock_fd", None), None
+        if fd is not None:
+            os.close(fd)
+
+    def __enter__(self) -> "Fleet":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        self.close()
+
+    def _keep_producer_id(self) -> None:
+        """Persist the producer id in the state directory before anything is sent (a crash before the
+        first commit must not change it)."""
+        root = self.config.state_dir
+        assert root is not None
+        path = root / _PRODUCER_FILE
+        if path.exists():
+            return
+        atomic_write(path, _checked_json({"producer_id": self.producer_id}))
+
+    def _load(self) -> None:
+        root = self.config.state_dir
+        assert root is not None
+        meta_path = root / _STATE_FILE
         pid_path = root / _PRODUCER_FILE
         if pid_path.exists():
             try:
-                self.producer_id = str(json.loads(pid_path.read_text())["producer_id"])
+                self.producer_id = str(_read_json(pid_path)["producer_id"])
             except (OSError, ValueError, KeyError, TypeError) as exc:
-                raise FleetStateError(f"cannot read {pid_path}: {exc}") from exc
-        if not meta_path.exists():
-            return False
+                raise FleetStateError(f"cannot read {pid_path} ({exc}); {_CORRUPT}") from exc
+        meta: dict[str, Any] | None = None
+        if meta_path.exists():
+            try:
+                meta = _read_json(meta_path)
+            except (OSError, ValueError) as exc:
+                raise FleetStateError(f"cannot read {meta_path} ({exc}); {_CORRUPT}") from exc
+            if meta.get("format") != _STATE_FORMAT or meta.get("version") not in (1, _STATE_VERSION):
+                raise FleetStateError(f"{meta_path} is not a fleet state this release reads (version 1 or "
+                                      f"{_STATE_VERSION}); use another --state-dir")
+        if meta is None or not (meta.get("snapshot") or meta.get("pending")):
+            # nothing was ever drawn here (so nothing sent): a fresh fleet, whatever its options
+            self._keep_producer_id()
+            self._cleanup()
+            self._write_meta(self.config.first_step or 0)
+            return
+        self._check_options(meta)
+        if self.config.seed is None and meta.get("population_seed") is not None \
+                and int(meta["population_seed"]) != self.population_seed:
+            self.population_seed = int(meta["population_seed"])  # the simulated values continue
+            self._build_populations()
+        if meta.get("producer_id"):
+            self.producer_id = str(meta["producer_id"])
+        version = int(meta["version"])
         try:
-            meta = json.loads(meta_path.read_text())
-        except (OSError, ValueError) as exc:
-            raise FleetStateError(f"cannot read {meta_path}: {exc}") from exc
-        if meta.get("format") != _STATE_FORMAT or meta.get("version") != _STATE_VERSION:
-            raise FleetStateError(f"{meta_path} is not a version-{_STATE_VERSION} fleet state")
+            self.next_step = int(meta["next_step"])
+            if meta.get("snapshot"):
+                self._snapshot, self._last_step = str(meta["snapshot"]), int(meta["last_step"])
+            pending = meta.get("pending")
+        except (KeyError, TypeError, ValueError) as exc:
+            raise FleetStateError(f"{meta_path}: malformed fleet state ({exc!r}); {_CORRUPT}") from exc
+        if pending:
+            # the step drawn and perhaps partly sent: its state (after the step) and reports, to send again
+            t = self.next_step
+            data = self._read_snapshot(str(pending), t, version, reports=True)
+            assert data is not None
+            self._pending = (t, str(pending), data)
+            self.resent_step = t
+        elif self._snapshot is not None:
+            self._read_snapshot(self._snapshot, int(self._last_step), version)  # type: ignore[arg-type]
+        self.resumed = True
+        self._keep_producer_id()
+        self._cleanup()
+
+    def _check_options(self, meta: dict[str, Any]) -> None:
+        """Refuse a state directory of another campaign, or one whose batches another option shaped."""
+        root = self.config.state_dir
         if meta.get("campaign") != self.campaign.id or meta.get("fingerprint") != self.campaign.fingerprint:
             raise FleetStateError(f"{root} holds the state of campaign {meta.get('campaign')!r} "
                                   f"(fingerprint {meta.get('fingerprint')}), not of {self.campaign.id!r} "
                                   f"({self.campaign.fingerprint}); use another state directory")
-        if meta.get("n_devices") != self.n_devices:
-            raise FleetStateError(f"{root} holds {meta.get('n_devices')} devices, the fleet has {self.n_devices}")
-        if self.config.seed is None and meta.get("population_seed") is not None:
-            self.population_seed = int(meta["population_seed"])  # the simulated values continue
-        snap = root / str(meta["snapshot"])
+        recorded = meta.get("options")
+        if not isinstance(recorded, dict):  # version 1: these options only
+            recorded = {k: meta[k] for k in ("n_devices", "dataset", "base", "p_change", "seed") if k in meta}
+        for name, flag in _SHAPING:
+            if name not in recorded:
+                continue
+            old, new = recorded[name], getattr(self.config, name)
+            if old != new:
+                raise FleetStateError(
+                    f"{root} holds a fleet made with {flag} {_show(old)}; this run has {flag} {_show(new)}. A "
+                    f"resumed fleet must keep every option that shapes its batches (a step drawn before the stop "
+                    f"is sent again batch by batch, under the same batch ids): run it with {flag} {_show(old)}, "
+                    "or start a new fleet (new devices) with another --state-dir")
+
+    def _read_snapshot(self, name: str, t: int, version: int, *, reports: bool = False) -> list[StepData] | None:
+        """Load the devices' state after step ``t`` from snapshot ``name`` (and, with ``reports``, step ``t``'s
+        drawn reports); every file is checked against the manifest's SHA-256 first."""
+        root = self.config.state_dir
+        assert root is not None
+        snap = root / name
+        if not snap.is_dir():
+            raise FleetStateError(f"{snap} is missing but {root / _STATE_FILE} points to it; {_CORRUPT}")
+        manifest: dict[str, Any] = {}
+        if version >= 2:
+            mpath = snap / _MANIFEST
+            try:
+                manifest = _read_json(mpath)
+                files = manifest["files"]
+                if manifest.get("format") != _SNAPSHOT_FORMAT or not isinstance(files, dict):
+                    raise ValueError("not a fleet snapshot manifest")
+                if manifest.get("t") != t:
+                    raise ValueError(f"it is the state after step {manifest.get('t')}, {root / _STATE_FILE} says {t}")
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                raise FleetStateError(f"cannot read {mpath} ({exc}); {_CORRUPT}") from exc
+            for fname, digest in files.items():
+                if fname.endswith(".reports.npy") and not reports:
+                    continue
+                try:
+                    ok = _sha256(snap / str(fname)) == digest
+                except OSError as exc:
+                    raise FleetStateError(f"cannot read {snap / str(fname)} ({exc}); {_CORRUPT}") from exc
+                if not ok:
+                    raise FleetStateError(f"{snap / str(fname)} is corrupt (its SHA-256 differs from the one in "
+                                          f"{mpath}); {_CORRUPT}")
         for group, gst in self.group_states.items():
-            self.group_states[group] = type(gst).load(snap / f"{group}.group.npz",
-                                                      solution=self.campaign.groups[group].solution)
+            path = snap / f"{group}.group.npz"
+            self.group_states[group] = _read(path, lambda: type(gst).load(
+                path, solution=self.campaign.groups[group].solution))
         for attr in self.attributes:
             proto = self.proto(attr)
             if self.states.get(attr) is not None:
-                self.states[attr] = MemoState.load(snap / f"{attr}.memo.npz", fingerprint=proto.fingerprint)
+                path = snap / f"{attr}.memo.npz"
+                self.states[attr] = _read(path, lambda: MemoState.load(path, fingerprint=proto.fingerprint))
             vpath = snap / f"{attr}.values.npy"
             if vpath.exists():
-                vals = np.load(vpath, allow_pickle=False).astype(np.int64)
-                if vals.shape != (self.n_devices,) or (vals.size and int(vals.max()) >= proto.k):
-                    raise FleetStateError(f"{vpath} does not hold {self.n_devices} values of [0, {proto.k})")
+                vals = _read(vpath, lambda: np.load(vpath, allow_pickle=False).astype(np.int64))
+                if vals.shape != (self.n_devices,) or (vals.size and (int(vals.min()) < 0 or int(vals.max()) >= proto.k)):
+                    raise FleetStateError(f"{vpath} does not hold {self.n_devices} values of [0, {proto.k}); "
+                                          f"{_CORRUPT}")
                 pop = self.populations[attr]
                 pop.values = vals
-                pop.t = int(meta["last_step"])
-        if meta.get("producer_id"):
-            self.producer_id = str(meta["producer_id"])
-        self.next_step = int(meta["next_step"])
-        return True
+                pop.t = t
+        if not reports:
+            return None
+        if manifest.get("batch_size") != self.config.batch_size:  # the options check has said so already
+            raise FleetStateError(f"{snap} was drawn with batch size {manifest.get('batch_size')}, not "
+                                  f"{self.config.batch_size}")
+        data = []
+        for attr in self.attributes:
+            proto, values = self.proto(attr), self.populations[attr].values
+            rpath = snap / f"{attr}.reports.npy"
+            rep = _read(rpath, lambda: np.load(rpath, allow_pickle=False))
+            if values is None or rep.dtype != proto.report_dtype or rep.shape[1:] != tuple(proto.report_shape) \
+                    or len(rep) != manifest["reports"].get(attr):
+                raise FleetStateError(f"{rpath} does not hold the reports its manifest lists; {_CORRUPT}")
+            values = values.copy()
+            data.append(StepData(attr, t, values, rep, true_frequencies(proto, values), proto.support(rep), len(rep)))
+        by_name = {d.attribute: d for d in data}  # in the order draw() returns them: unit by unit
+        return [by_name[a] for u in self.units for a in (self.campaign.groups[u].attributes
+                                                          if u in self.campaign.groups else [u])]
+
+
+def _checked_json(obj: dict[str, Any]) -> bytes:
+    """``obj`` as JSON with a ``"sha256"`` of its canonical form: a flipped byte that leaves valid JSON (another
+    producer id, step or seed) is detected by :func:`_read_json` like one that does not."""
+    body = {k: v for k, v in obj.items() if k != "sha256"}
+    digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+    return json.dumps({**body, "sha256": digest}, indent=1).encode()
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    """A JSON object written by :func:`_checked_json` (checked), or an older one without a checksum."""
+    obj = json.loads(path.read_text())
+    if not isinstance(obj, dict):
+        raise ValueError("not a JSON object")
+    if "sha256" in obj:
+        body = {k: v for k, v in obj.items() if k != "sha256"}
+        if hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest() != obj["sha256"]:
+            raise ValueError("its content differs from its SHA-256: the file is corrupt")
+    return obj
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _read(path: Path, load: Callable[[], Any]) -> Any:
+    """``load()``, any failure to read ``path`` (missing, truncated, not a zip or npy file, wrong arrays) as a
+    :class:`FleetStateError` that names the file."""
+    try:
+        return load()
+    except FleetStateError:
+        raise
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:  # InvalidState is a ValueError
+        raise FleetStateError(f"cannot read {path} ({_describe(exc)}); {_CORRUPT}") from exc
+
+
+def _show(value: Any) -> str:
+    return "none (private mode)" if value is None else str(value)
 
 
 # --------------------------------------------------------------------------- publishing
@@ -542,10 +853,15 @@ def _describe(exc: BaseException) -> str:
 
 
 def _retriable(exc: BaseException) -> bool:
-    """A Kafka error that an available broker would not raise (connection, timeout, leadership, ...)."""
-    from aiokafka.errors import KafkaConnectionError, KafkaTimeoutError
+    """A Kafka error worth retrying: one an available, healthy broker would not raise (connection, timeout,
+    leadership, ...), or the broker's own "unexpected server error" (``UnknownError``, error code -1: a broker
+    restarting, or one whose storage failed, answers it; a retry sends the same bytes under the same batch ids,
+    so at worst the store skips a copy). Errors that sending again cannot cure (a message too large, an
+    authorization or configuration error) are not retried."""
+    from aiokafka.errors import KafkaConnectionError, KafkaTimeoutError, UnknownError
 
-    return isinstance(exc, (KafkaConnectionError, KafkaTimeoutError)) or bool(getattr(exc, "retriable", False))
+    return (isinstance(exc, (KafkaConnectionError, KafkaTimeoutError, UnknownError))
+            or bool(getattr(exc, "retriable", False)))
 
 
 async def publish(fleet_or_config: Fleet | FleetConfig, bootstrap: str, topic: str = REPORTS_TOPIC, *,
@@ -560,22 +876,43 @@ async def publish(fleet_or_config: Fleet | FleetConfig, bootstrap: str, topic: s
     ``on_step(t, summary)`` runs once every batch and watermark of step ``t`` is acknowledged
     (``summary.per_step`` then holds the step's supports and true frequencies if
     ``keep_supports``); the next step is sent only after it returns. ``on_progress`` and
-    ``on_step`` may be plain functions or coroutine functions.
+    ``on_step`` may be plain functions or coroutine functions. Given a :class:`FleetConfig`, the
+    fleet is made here and closed (its state directory unlocked) at the end.
 
-    Broker outages: while the broker is unavailable (the producer cannot start, the topic cannot be
-    created, a send or an acknowledgement fails with a retriable Kafka error after the client's own
-    retries), the publisher backs off (0.5 s doubling to 10 s, each retry logged with its error) and
-    resumes once the broker is back: every message from the first unacknowledged one on is sent
-    again, in order, with the same bytes (nothing is randomized again; the count store skips a batch
-    id it already applied and a watermark applied twice changes nothing), so the counts end exact.
-    It gives up with :class:`PublishError` once one outage has lasted ``retry_deadline`` seconds.
+    With a state directory, each step is drawn whole (:meth:`Fleet.draw`: written to the state
+    directory before its first batch is sent), sent, and committed (:meth:`Fleet.commit`) only once
+    every batch and watermark of it is acknowledged; a fleet resumed after a crash re-sends the drawn
+    step unchanged. Without one, the next attribute is randomized while the current one is sent.
+
+    Broker errors: while the broker is unavailable or failing (the producer cannot start, the topic
+    cannot be created, a send or an acknowledgement fails with a retriable Kafka error, ``UnknownError``
+    included, after the client's own retries: :func:`_retriable`), the publisher backs off (0.5 s
+    doubling to 10 s, each retry logged with its error) and resumes once the broker answers again:
+    every message from the first unacknowledged one on is sent again, in order, with the same bytes
+    (nothing is randomized again; the count store skips a batch id it already applied and a
+    watermark applied twice changes nothing), so the counts end exact. It gives up with
+    :class:`PublishError` once one outage has lasted ``retry_deadline`` seconds, and at once on an
+    error that sending again cannot cure; either way nothing unacknowledged was committed.
     """
+    fleet = fleet_or_config if isinstance(fleet_or_config, Fleet) else Fleet(fleet_or_config)
+    try:
+        return await _publish(fleet, bootstrap, topic, on_progress=on_progress, on_step=on_step,
+                              keep_supports=keep_supports, partitions=partitions, window_bytes=window_bytes,
+                              window_messages=window_messages, linger_ms=linger_ms, retry_deadline=retry_deadline,
+                              producer_options=producer_options)
+    finally:
+        if fleet is not fleet_or_config:
+            fleet.close()
+
+
+async def _publish(fleet: Fleet, bootstrap: str, topic: str, *, on_progress: ProgressHook | None,
+                   on_step: StepHook | None, keep_supports: bool, partitions: int | None, window_bytes: int,
+                   window_messages: int, linger_ms: int, retry_deadline: float,
+                   producer_options: dict[str, Any] | None) -> FleetSummary:
     from aiokafka import AIOKafkaProducer
     from aiokafka.errors import KafkaError
 
-    fleet = fleet_or_config if isinstance(fleet_or_config, Fleet) else Fleet(fleet_or_config)
     cfg = fleet.config
-    campaign = fleet.campaign
     steps = list(fleet.step_range)
     max_msg = max(fleet.proto(a).report_nbytes for a in fleet.attributes) * cfg.batch_size + _ENVELOPE_OVERHEAD
     summary = FleetSummary(0, 0, 0, 0, 0.0, 0.0, steps=steps)
@@ -587,7 +924,7 @@ async def publish(fleet_or_config: Fleet | FleetConfig, bootstrap: str, topic: s
                 break
             except KafkaError as exc:
                 if not _retriable(exc):
-                    raise PublishError(f"cannot create topic {topic!r} on {bootstrap}: {exc}") from exc
+                    raise PublishError(f"cannot create topic {topic!r} on {bootstrap}: {_describe(exc)}") from exc
                 await outage.wait(f"create topic {topic!r}", exc)
     options = dict(bootstrap_servers=bootstrap, acks="all", linger_ms=linger_ms, compression_type=None,
                    max_request_size=max(1 << 20, 2 * max_msg), max_batch_size=1 << 20,
@@ -599,9 +936,9 @@ async def publish(fleet_or_config: Fleet | FleetConfig, bootstrap: str, topic: s
             await producer.start()
             break
         except KafkaError as exc:
-            await producer.stop()
+            await _stop(producer)
             if not _retriable(exc):
-                raise PublishError(f"cannot start a Kafka producer on {bootstrap}: {exc}") from exc
+                raise PublishError(f"cannot start a Kafka producer on {bootstrap}: {_describe(exc)}") from exc
             await outage.wait("start a Kafka producer", exc)
     outage.over()
 
@@ -611,7 +948,9 @@ async def publish(fleet_or_config: Fleet | FleetConfig, bootstrap: str, topic: s
     inflight_bytes = 0
 
     def refused(exc: KafkaError) -> PublishError:
-        return PublishError(f"the broker at {bootstrap} refused a batch of topic {topic!r}: {exc}")
+        return PublishError(f"the broker at {bootstrap} refused a batch of topic {topic!r}: {_describe(exc)}; "
+                            "sending it again cannot help. Nothing unacknowledged was committed: with a state "
+                            "directory, running the fleet again resumes at its first unacknowledged step")
 
     async def resend(what: str, exc: KafkaError) -> None:
         """Back off, then send the window again from its first unacknowledged message, until accepted."""
@@ -663,15 +1002,21 @@ async def publish(fleet_or_config: Fleet | FleetConfig, bootstrap: str, topic: s
             await resend(f"send a {len(blob):,}-byte batch to {topic!r}", exc)  # sends this one too
         await drain(window_bytes, window_messages)
 
-    # Randomization (numba, GIL released) of the next (t, attr) runs in a worker thread while
-    # the current one is sent. It never crosses a step boundary when the state is persisted:
-    # a committed snapshot must hold exactly the state after its step.
-    items = [(i, t, unit) for i, t in enumerate(steps) for unit in fleet.units]
+    # Randomization (numba, GIL released) runs in a worker thread while the previous unit is sent.
+    # With a state directory a unit of work is a whole step (Fleet.draw: drawn and written to disk
+    # before its first batch goes out) and nothing is drawn ahead: a step is drawn only after the
+    # previous one is committed. Without one, a unit is one attribute or group, drawn one ahead.
+    persist = cfg.state_dir is not None
+    items: list[tuple[int, int, str | None]] = (
+        [(i, t, None) for i, t in enumerate(steps)] if persist
+        else [(i, t, unit) for i, t in enumerate(steps) for unit in fleet.units])
     loop = asyncio.get_running_loop()
     executor = ThreadPoolExecutor(1, thread_name_prefix="ldp-fleet")
 
     def compute(j: int) -> asyncio.Future:
         _, t, unit = items[j]
+        if unit is None:
+            return loop.run_in_executor(executor, fleet.draw, t)
         return loop.run_in_executor(executor, fleet.randomize_unit, unit, t)
 
     start = time.perf_counter()
@@ -680,33 +1025,32 @@ async def publish(fleet_or_config: Fleet | FleetConfig, bootstrap: str, topic: s
         for j, (i, t, unit) in enumerate(items):
             unit_data = await (ahead if ahead is not None else compute(j))
             ahead = None
-            if j + 1 < len(items) and (cfg.state_dir is None or items[j + 1][1] == t):
+            if j + 1 < len(items) and not persist:
                 ahead = compute(j + 1)
             for data in unit_data:
                 attr = data.attribute
-                key = message_key(t, attr)
-                for index, lo in enumerate(range(0, data.n, cfg.batch_size)):
-                    chunk = data.reports[lo:lo + cfg.batch_size]
-                    await send(key, pack_reports(campaign, attr, t, chunk, batch_id=fleet.batch_id(t, attr, index)))
-                    summary.reports_sent += len(chunk)
+                for key, blob, n_reports in fleet.messages(data):
+                    await send(key, blob)
+                    if not n_reports:  # the watermark
+                        summary.watermarks += 1
+                        continue
+                    summary.reports_sent += n_reports
                     summary.batches += 1
                     if cfg.rate is not None:
                         wait = summary.reports_sent / cfg.rate - (time.perf_counter() - start)
                         if wait > 0:
                             await asyncio.sleep(wait)
                     await report(t, attr, i)
-                await send(key, pack_watermark(campaign, attr, t))
-                summary.watermarks += 1
                 if keep_supports:
                     summary.per_step[(attr, t)] = {"n": data.n, "support": data.support,
                                                    "true_frequencies": data.true_frequencies}
             del unit_data
-            if unit == fleet.units[-1]:  # end of step t
-                fleet.next_step = t + 1
-                if cfg.state_dir is not None or on_step is not None:
+            if unit is None or unit == fleet.units[-1]:  # end of step t
+                if persist or on_step is not None:
                     await drain(-1, -1)  # the whole step is acknowledged ...
-                if cfg.state_dir is not None:
-                    fleet.commit(t)      # ... before its memo state is committed
+                if persist:
+                    fleet.commit(t)      # ... before it is committed
+                fleet.next_step = t + 1
                 await report(t, attr, i)
                 if on_step is not None:
                     await _call(on_step, t, summary)
@@ -715,10 +1059,19 @@ async def publish(fleet_or_config: Fleet | FleetConfig, bootstrap: str, topic: s
         if ahead is not None:
             await asyncio.gather(ahead, return_exceptions=True)
         executor.shutdown(wait=True)
-        await producer.stop()
+        await _stop(producer)
     summary.seconds = time.perf_counter() - start
     summary.rate = summary.reports_sent / summary.seconds if summary.seconds > 0 else 0.0
     return summary
+
+
+async def _stop(producer: Any) -> None:
+    """Stop a Kafka producer; its own errors are logged, never raised (they would hide the error that ended
+    the run, or fail a run whose every message was acknowledged)."""
+    try:
+        await producer.stop()
+    except Exception as exc:  # noqa: BLE001 - whatever the client raises while closing
+        log.warning("stopping the Kafka producer failed: %s", _describe(exc))
 
 
 def publish_sync(fleet_or_config: Fleet | FleetConfig, bootstrap: str, topic: str = REPORTS_TOPIC,

@@ -33,18 +33,20 @@ import numpy as np
 
 from estimators.poisoning import count_implausible
 from wire import envelope
-from wire.campaign import Campaign, load_campaigns
-from wire.errors import BadPayload, EnvelopeError, ExpiredStep, MalformedBatch
+from wire.campaign import Campaign, load_campaigns, step_at
+from wire.errors import BadPayload, EnvelopeError, ExpiredStep, FutureStep, MalformedBatch
 from wire.topics import Topics, estimate_key
 from wire.transport import KafkaSecurity, kafka_client_options
 
 from .api import WebContext, register
+from .broker import TopicReader
 from .health import Health, add_worker_probes
 from .ingest.batcher import Batcher
 from .metrics import Metrics
 from .settings import WorkerSettings, free_port
-from .store import APPLIED, EXPIRED, RETRYABLE_ERRORS, SERVER_CHANGED, STORE_RESET, CountStore, Position
-from .windows import Estimator
+from .store import (APPLIED, EXPIRED, FUTURE_STEP, RETRYABLE_ERRORS, SERVER_CHANGED, STORE_RESET, CountStore, Position,
+                    StepBound)
+from .windows import Estimator, StreamView
 
 __all__ = ["Pipeline", "create_app", "get_pipeline"]
 
@@ -102,6 +104,7 @@ class Pipeline:
         self.request_replay: Callable[[], Awaitable[None]] | None = None
         self.earliest_offsets: Callable[[list[int]], Awaitable[dict[int, int]]] | None = None
         self.fetch_ident: Callable[[int, int], Awaitable[str | None]] | None = None
+        self.stream_view: StreamView | None = None  # the broker as the estimator reads it (stream_app.broker)
         self.processed = 0
         self._store: CountStore | None = None
         self._estimator: Estimator | None = None
@@ -123,7 +126,8 @@ class Pipeline:
         if self._estimator is None:
             self._estimator = Estimator(self.campaigns, self.store, self.metrics, self._publish_estimate,
                                         app_id=self.app_id, worker_id=self.worker_id,
-                                        refresh_seconds=self.refresh_seconds)
+                                        refresh_seconds=self.refresh_seconds, stream=self.stream_view,
+                                        reports_topic=self.topics.reports)
         return self._estimator
 
     def status(self) -> dict[str, Any]:
@@ -186,6 +190,7 @@ class Pipeline:
             if env.kind == envelope.WATERMARK:
                 counts = None
             elif env.count == 0:  # nothing to count (the header was validated; no step is opened)
+                await self._handled(partition, offset, value)
                 return "empty"
             else:
                 reports = envelope.decode_reports(env, campaign)
@@ -193,23 +198,27 @@ class Pipeline:
         except EnvelopeError as exc:
             await self.reject(exc.reason, exc.detail, partition=partition, offset=offset, key=key, env=env,
                               size=len(value) if value is not None else 0)
+            await self._handled(partition, offset, value)
             return "rejected"
         except Exception as exc:  # noqa: BLE001 - a batch that breaks the decoder is never counted
             log.exception("unexpected error while decoding the batch at partition %s offset %s", partition, offset)
             await self.reject(BadPayload.reason, f"unexpected {type(exc).__name__}: {exc}", partition=partition,
                               offset=offset, key=key, env=env, size=len(value) if value is not None else 0)
+            await self._handled(partition, offset, value)
             return "rejected"
         c_reports, c_batches, c_dups = self._ca(env.campaign, env.attribute)
         if self.resyncing:  # the store lost data: hold everything until the replay restarts the stream
             await self._request_replay()
             return "held"
         position = Position(self.app_id, self.topics.reports, partition, offset, envelope.message_ident(env))
+        bound = StepBound(wall_limit=step_at(campaign, now) + campaign.max_steps_ahead, ahead=campaign.max_steps_ahead)
         while True:
             if counts is None:
-                status = await self._retry(self.store.apply_watermark, env.campaign, env.attribute, env.t, position)
+                status = await self._retry(self.store.apply_watermark, env.campaign, env.attribute, env.t, position,
+                                           bound, env.count)
             else:
                 status = await self._retry(self.store.apply_batch, env.campaign, env.attribute, env.t, counts,
-                                           env.count, env.batch_id, f"{partition}:{offset}", position)
+                                           env.count, env.batch_id, f"{partition}:{offset}", position, bound)
             if status != SERVER_CHANGED:
                 break
             if await self.server_changed(env.campaign, partition, offset):
@@ -220,10 +229,15 @@ class Pipeline:
         if status == STORE_RESET:
             await self.store_lost(env.campaign, partition, offset)
             return "held"
-        if status == EXPIRED:
-            await self.reject(ExpiredStep.reason, f"step {env.t} of {env.campaign}/{env.attribute} is beyond the "
-                              f"campaign's retention (already pruned)", partition=partition, offset=offset, key=key,
-                              env=env, size=len(value))
+        if status in (EXPIRED, FUTURE_STEP):
+            if status == EXPIRED:
+                reason, detail = ExpiredStep.reason, "is beyond the campaign's retention (already pruned)"
+            else:
+                reason, detail = FutureStep.reason, (f"is more than max_steps_ahead = {campaign.max_steps_ahead} steps "
+                                                     f"past the newest final step (or the wall-clock step)")
+            await self.reject(reason, f"step {env.t} of {env.campaign}/{env.attribute} {detail}", partition=partition,
+                              offset=offset, key=key, env=env, size=len(value))
+            await self._handled(partition, offset, value, position)
             return "rejected"
         self.last_offsets[partition] = offset
         self.applied_offsets[(env.campaign, partition)] = offset
@@ -250,6 +264,18 @@ class Pipeline:
         return "duplicate"
 
     # ------------------------------------------------------------------ positions and replay
+    async def _handled(self, partition: int, offset: int, value: bytes | None, position: Position | None = None) -> None:
+        """Record a message that counted nothing (rejected, empty) as handled: the stream's progress
+        (:meth:`Estimator.stream_caught_up <stream_app.windows.Estimator>`) must pass it too."""
+        if self.resyncing:
+            return
+        if position is None:
+            position = Position(self.app_id, self.topics.reports, partition, offset, envelope.ident_of(value))
+        await self._retry(self.store.set_position, position)
+        self.last_offsets[partition] = offset
+        if partition not in self.anchors:
+            self.anchors[partition] = (offset, position.ident)
+
     async def store_lost(self, campaign: str, partition: int, offset: int, why: str = "") -> None:
         """Redis lost data (the campaign's epoch changed): raise the alarm and replay from the store's positions.
 
@@ -315,9 +341,21 @@ class Pipeline:
                 log.debug("incarnation check failed: %s", exc)
 
     async def _check_anchors(self) -> None:
+        """The broker lost data under this worker? A partition whose log start passed a message not yet handled
+        (retention deleted it), whose end went below a handled offset, or whose anchor message is gone (the
+        topic was recreated) is an unrepairable loss (:meth:`broker_lost`); the latter two are also replayed."""
         if not self.anchors or self.fetch_ident is None:
             return
-        earliest = await self.earliest_offsets(sorted(self.anchors)) if self.earliest_offsets else {}
+        parts = sorted(self.anchors)
+        earliest = await self.earliest_offsets(parts) if self.earliest_offsets else {}
+        for p in parts:
+            last = self.last_offsets.get(p)
+            if last is not None and earliest.get(p, 0) > last + 1:
+                key = f"unrepairable_loss:{p}"
+                if self.alarms.get(key, {}).get("first_kept") != earliest[p]:
+                    await self.broker_lost([p], f"partition {p}: offsets {last + 1}..{earliest[p] - 1} were deleted by "
+                                                f"the broker before they were counted")
+                    self.alarms[key]["first_kept"] = earliest[p]
         for p, (offset, ident) in list(self.anchors.items()):
             if offset < earliest.get(p, 0):  # deleted by the broker's retention: re-anchor
                 self.anchors.pop(p, None)
@@ -325,6 +363,21 @@ class Pipeline:
             if await self.fetch_ident(p, offset) != ident and self.anchors.get(p) == (offset, ident):
                 await self.topic_recreated(p, offset, ident)
                 return
+
+    async def broker_lost(self, partitions: list[int], why: str) -> None:
+        """An unrepairable broker loss: the ``unrepairable_loss`` alarm (``GET /status``), the metric, an error in
+        the log, and every step not final yet marked incomplete: its final says ``complete: false``."""
+        now = time.time()
+        for p in partitions:
+            self.alarms[f"unrepairable_loss:{p}"] = {"component": "kafka", "since": now, "error": (
+                f"{why}; the counts of the steps not final yet may be short: their finals say complete=false")}
+        self.metrics.unrepairable_losses_total.inc()
+        log.error("unrepairable broker loss: %s; marking the steps not final yet incomplete", why)
+        for c in self.campaigns.values():
+            for attribute in c.attributes:
+                ts = await self._retry(self.store.unfinished_steps, c.id, attribute)
+                if ts:
+                    await self._retry(self.store.mark_incomplete, c.id, attribute, ts, why)
 
     async def _check_redis_restart(self) -> None:
         """After Redis restarted, the positions it recorded must still reach what this worker handled: an AOF
@@ -384,11 +437,15 @@ class Pipeline:
         return True
 
     async def topic_recreated(self, partition: int, offset: int, ident: str) -> None:
-        """The anchor of ``partition`` is gone: replay every assigned partition's new incarnation from its start."""
+        """The anchor of ``partition`` is gone: the broker lost the topic (an unrepairable loss: what it held
+        and this worker had not handled is gone); replay every assigned partition's new incarnation from its
+        start."""
         log.warning("partition %s: the message read at offset %s (%s) is not there any more: the topic was "
                     "recreated (a broker that lost its data); replaying its new incarnation from the start",
                     partition, offset, ident)
         self.metrics.topic_incarnations_total.inc()
+        await self.broker_lost(sorted(self.anchors), f"the reports topic was recreated under this worker (partition "
+                                                     f"{partition}: the message read at offset {offset} is gone)")
         self.resyncing = True
         await self._retry(self.store.forget_positions, self.app_id, self.topics.reports, sorted(self.anchors))
         await self._request_replay()
@@ -410,12 +467,8 @@ class Pipeline:
                 continue
             offset, ident = positions[p]
             if offset + 1 < first:
-                self.alarms[f"unrepairable_loss:{p}"] = {"component": "kafka", "since": time.time(), "error": (
-                    f"partition {p}: offsets {offset + 1}..{first - 1} were deleted by the broker before they "
-                    f"were counted")}
-                self.metrics.unrepairable_losses_total.inc()
-                log.error("partition %s: offsets %s..%s were deleted by the broker before they were counted; "
-                          "the counts of their steps are short", p, offset + 1, first - 1)
+                await self.broker_lost([p], f"partition {p}: offsets {offset + 1}..{first - 1} were deleted by the "
+                                            f"broker before they were counted")
                 out[p] = first
             elif offset + 1 == first or await self._recorded_message_is_there(p, offset, ident):
                 out[p] = offset + 1
@@ -557,62 +610,6 @@ class Pipeline:
         os.replace(tmp, self.ready_file)
 
 
-class _MessageReader:
-    """Reads single messages of the reports topic outside the consumer group (to recognize a recorded position)."""
-
-    def __init__(self, bootstrap: str, topic: str) -> None:
-        self.bootstrap, self.topic = bootstrap, topic
-        self._consumer: aiokafka.AIOKafkaConsumer | None = None
-        self._lock = asyncio.Lock()
-
-    async def ident_at(self, partition: int, offset: int) -> str | None:
-        """:func:`wire.envelope.message_ident` of the message at ``offset`` (``None``: none there, or not ours).
-
-        Raises the client's error if the broker cannot be reached (the caller decides); one read at a time."""
-        async with self._lock:
-            try:
-                return await self._ident_at(partition, offset)
-            except aiokafka.errors.OffsetOutOfRangeError:
-                return None
-            except Exception:
-                await self.close()  # start again with a fresh client next time
-                raise
-
-    async def _ident_at(self, partition: int, offset: int) -> str | None:
-        if self._consumer is None:
-            consumer = aiokafka.AIOKafkaConsumer(bootstrap_servers=self.bootstrap, group_id=None,
-                                                 enable_auto_commit=False, auto_offset_reset="none",
-                                                 request_timeout_ms=10_000, **kafka_client_options())
-            try:
-                await consumer.start()
-            except Exception:
-                await consumer.stop()
-                raise
-            self._consumer = consumer
-        tp = aiokafka.TopicPartition(self.topic, partition)
-        self._consumer.assign([tp])
-        if offset >= (await self._consumer.end_offsets([tp]))[tp]:
-            return None
-        self._consumer.seek(tp, offset)
-        batch = await self._consumer.getmany(tp, timeout_ms=5000, max_records=1)
-        for msg in batch.get(tp, []):
-            if msg.offset != offset or msg.value is None:
-                return None
-            try:
-                return envelope.message_ident(envelope.parse(msg.value))
-            except EnvelopeError:
-                return None
-        return None
-
-    async def close(self) -> None:
-        consumer, self._consumer = self._consumer, None
-        if consumer is not None:
-            try:
-                await consumer.stop()
-            except Exception:  # noqa: BLE001 - a client of an unreachable broker
-                log.debug("closing the message reader failed", exc_info=True)
-
-
 def get_pipeline(app: faust.App) -> Pipeline:
     """The :class:`Pipeline` of an app made by :func:`create_app`."""
     return app.ldp  # type: ignore[attr-defined]
@@ -725,7 +722,7 @@ def create_app(settings: WorkerSettings, *, campaigns: dict[str, Campaign] | Non
             return None
 
     pipe.highwater = highwater
-    reader = _MessageReader(kafka_bootstrap, topics.reports)
+    reader = TopicReader(kafka_bootstrap, topics)
 
     async def earliest_offsets(partitions: list[int]) -> dict[int, int]:
         tps = [faust.types.TP(topics.reports, p) for p in partitions]
@@ -742,6 +739,7 @@ def create_app(settings: WorkerSettings, *, campaigns: dict[str, Campaign] | Non
         await thread.call_thread(rejoin)
 
     pipe.earliest_offsets, pipe.fetch_ident, pipe.request_replay = earliest_offsets, reader.ident_at, request_replay
+    pipe.stream_view = reader
 
     @app.on_rebalance_complete.connect
     async def restore_positions(sender: Any, **kwargs: Any) -> None:

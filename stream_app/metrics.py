@@ -43,8 +43,9 @@ class Metrics:
             "ldp_topic_incarnations_total", "Times this worker found the reports topic recreated under it (a "
             "broker that lost its data) and replayed the new incarnation from its first offset.", registry=r)
         self.unrepairable_losses_total = Counter(
-            "ldp_unrepairable_losses_total", "Partitions whose messages the broker deleted before they were "
-            "counted (a replay could not repair the counts).", registry=r)
+            "ldp_unrepairable_losses_total", "Broker losses a replay cannot repair, seen by this worker: messages "
+            "deleted before they were counted (log start past the position), a topic recreated empty, offsets "
+            "going back. The steps not final then are marked incomplete.", registry=r)
         self.watermarks_total = Counter("ldp_watermarks_total", "Watermarks applied.", ca, registry=r)
         self.rejected_total = Counter("ldp_rejected_batches_total", "Batches (or HTTP reports) rejected, by reason.",
                                       ["reason"], registry=r)
@@ -82,6 +83,10 @@ class Metrics:
         self.count_regressions = Counter(
             "ldp_count_regressions_total", "Final steps whose count in Redis fell below their published final's n "
             "(Redis lost data; no revision is published while it is lower), once per step.", ca, registry=r)
+        self.incomplete_finals = Counter(
+            "ldp_incomplete_finals_total", "Finals published with complete=false: the broker lost some of the step's "
+            "reports before they were counted (an unrepairable loss, or fewer reports than its watermark states).",
+            ca, registry=r)
         self.steps_pruned = Counter("ldp_steps_pruned_total", "Steps deleted from Redis beyond the campaign's "
                                     "retention (retention_steps).", ca, registry=r)
         self.retention_floor = Gauge("ldp_retention_floor", "The attribute's retention floor: batches for lower "

@@ -27,7 +27,13 @@ Keys (the braces are a Redis Cluster hash tag: all keys of a campaign live in on
   message from each partition that the store holds (set by the apply scripts with the counts);
 * ``ldp:positions:<app_id>``: hash ``<topic>:<partition> -> <offset>|<ident>``, the last message of each
   partition a worker handled (the consumer position is restored from it, not from Kafka's commits);
-* ``ldp:estimator-lease:<app_id>``: the estimator lease (value: the holder's worker id);
+* ``ldp:{estimator:<app_id>}:lease``: the estimator lease (value: ``<holder's worker id>|<fencing token>``);
+* ``ldp:{estimator:<app_id>}:fence``: the counter of the lease's fencing tokens (one per acquisition);
+* ``ldp:{<campaign>}:fence``: the highest fencing token that claimed a final of the campaign;
+* ``ldp:{<campaign>}:newest-final``: the campaign's newest final logical step (the step bound's reference);
+* ``ldp:{<campaign>}:<attribute>:pending``: hash ``t -> revision`` of the claimed finals not yet confirmed published;
+* ``ldp:estimates-read:<app_id>``: hash ``partition -> offset``, how far the finals on ``ldp.estimates`` are
+  known to the store (a new lease holder reads the topic from there: :meth:`CountStore.restore_final`);
 * ``ldp:estimator-wake:<app_id>``: pub/sub channel that wakes the estimator after a watermark;
 * ``ldp:rate:<campaign>:<t>:<slot>``: the ingest's rate-limit slot of one report (:mod:`stream_app.ingest`):
   ``slot`` is a keyed per-step hash of the device and the attribute (never the device id), the value the
@@ -41,7 +47,10 @@ Fields of a step hash:
 * ``n``: number of reports counted;
 * ``b:<batch_id>``: the producer's id of an applied batch (value: ``<partition>:<offset>``);
 * ``closed``: 1 once a watermark for the step was applied;
-* ``first_ts`` / ``last_ts``: wall-clock time (s) of the first / last applied batch.
+* ``first_ts`` / ``last_ts``: wall-clock time (s) of the first / last applied batch;
+* ``expected``: the reports the step's watermark says its producer sent (absent: not stated);
+* ``wall``: 1 if the step got a batch of the HTTP ingest (a wall-clock step, ``t = floor(now / step length)``);
+* ``incomplete``: why the step may miss reports (an unrepairable broker loss, :meth:`CountStore.mark_incomplete`).
 
 A batch is applied by one Lua script that skips it if its batch id (from the envelope, chosen by
 the producer) was already applied to the step: a re-sent batch (producer retry, resumed fleet),
@@ -77,9 +86,12 @@ import redis.asyncio.cluster
 import redis.cluster
 from redis.exceptions import RedisClusterException, RedisError
 
+from wire.envelope import is_wall_clock
 from wire.transport import RedisSecurity, redact_url
 
-__all__ = ["ALREADY_CLOSED", "APPLIED", "DUPLICATE_BATCH_ID", "EXPIRED", "SERVER_CHANGED", "STORE_RESET", "CountStore", "Position", "RETRYABLE_ERRORS", "StepState",
+__all__ = ["ALREADY_CLOSED", "APPLIED", "DUPLICATE_BATCH_ID", "EXPIRED", "FUTURE_STEP", "SERVER_CHANGED", "STORE_RESET",
+           "CountStore", "Position", "CLAIM_STALE", "CLAIMED", "CLAIM_EXISTS", "fence_key",
+           "fence_counter_key", "pending_key", "estimates_read_key", "RETRYABLE_ERRORS", "StepBound", "StepState", "newest_final_key",
            "WakeUps", "CLUSTER_SCHEMES", "closed_ts_key", "cluster_url", "connect", "cursor_key", "connect_sync", "count_key",
            "epoch_key", "estimates_key", "is_cluster_url", "latest_key", "lease_key", "positions_key", "read_step_sync", "steps_key",
            "wake_channel", "finals_key", "floor_key", "pruned_key", "touched_key", "IngestClaim", "rate_slot_key",
@@ -96,82 +108,198 @@ _BATCH_PREFIX = _BATCH_FIELD.encode()
 # Results of the apply scripts.
 APPLIED = 1             # the batch was counted / the watermark closed the step
 ALREADY_CLOSED = 0      # a watermark of a step already closed (idempotent: nothing changed)
+
+# Results of CountStore.claim_final.
+CLAIM_STALE = 0         # a lease holder with a newer fencing token claimed a final of the campaign: this one lost
+CLAIMED = 1             # the final is this holder's to publish
+CLAIM_EXISTS = 2        # this or a later revision of the step was claimed before
 DUPLICATE_BATCH_ID = 2  # the batch id was applied before (a re-send, redelivery or replay): nothing changed
 STORE_RESET = 3         # the campaign's epoch is not the worker's: Redis lost data; nothing changed
 EXPIRED = 4             # the step is below the attribute's retention floor (pruned): nothing changed
 SERVER_CHANGED = 5      # Redis restarted since the last apply to the campaign: nothing changed until the worker
                         # checked the cursors and called CountStore.accept_server (or replays what was lost)
+FUTURE_STEP = 6         # the step is further ahead than the campaign's bound (Campaign.max_steps_ahead): nothing
+                        # changed (the agent rejects it as ``future_step``)
 
 # Both apply scripts begin by comparing the Redis server's run id with the one the worker last applied to for
 # the campaign (ARGV server; '' = not known yet): a new run id means Redis restarted, possibly without its last
 # writes (an AOF ``everysec`` loss, a failover to a lagging replica), and nothing is applied until the worker
-# checked the campaign's cursors (:meth:`CountStore.cursors`). Every result is ``{status, run id}``.
-_SERVER_CHECK = """
+# checked the campaign's cursors (:meth:`CountStore.cursors`). Then the epoch (Redis lost the campaign's keys),
+# the retention floor (an expired step) and the step bound (:data:`FUTURE_STEP`: a logical step more than
+# ``ahead`` steps past the campaign's newest final step, or a wall-clock step past ``wall limit``). Every result
+# is ``{status, run id}``. The KEYS are those of :data:`_APPLY`; the cursor key is the last.
+def _prelude(server: int, step: int, wall: int, limit: int, ahead: int) -> str:
+    return f"""
 local run = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)') or ''
-if ARGV[SERVER] ~= '' and ARGV[SERVER] ~= run then
-  return {5, run}
+if ARGV[{server}] ~= '' and ARGV[{server}] ~= run then
+  return {{5, run}}
 end
 if redis.call('GET', KEYS[2]) ~= ARGV[1] then
-  return {3, run}
+  return {{3, run}}
 end
+local t = tonumber(ARGV[{step}])
 local floor = redis.call('GET', KEYS[3])
-if floor and tonumber(ARGV[STEP]) < tonumber(floor) then
-  return {4, run}
+if floor and t < tonumber(floor) then
+  return {{4, run}}
+end
+if ARGV[{wall}] == '1' then
+  if t > tonumber(ARGV[{limit}]) then
+    return {{6, run}}
+  end
+else
+  local high = redis.call('GET', KEYS[6])
+  if high and t > tonumber(high) + tonumber(ARGV[{ahead}]) then
+    return {{6, run}}
+  end
 end
 """
 
-# ``ldp:{c}:cursor`` (KEYS[4]) field ARGV[cursor field] = ARGV[cursor value]: the campaign's last message from a
-# partition whose effects the store holds (in the campaign's slot, so written with the counts, atomically).
-_SET_CURSOR = """
-if ARGV[CURSOR] ~= '' then
-  redis.call('HSET', KEYS[4], ARGV[CURSOR], ARGV[CURSOR + 1])
+
+# The cursor key (the last of KEYS) field ARGV[cursor field] = ARGV[cursor value]: the campaign's last message
+# from a partition whose effects the store holds (in the campaign's slot, so written with the counts, atomically).
+def _set_cursor(field_: int) -> str:
+    return f"""
+if ARGV[{field_}] ~= '' then
+  redis.call('HSET', KEYS[#KEYS], ARGV[{field_}], ARGV[{field_ + 1}])
 end
 """
+
 
 # KEYS[1] = count key, KEYS[2] = epoch key of the campaign, KEYS[3] = retention floor of the attribute,
-# KEYS[4] = cursor key of the campaign. ARGV = epoch, now, n, batch_id, where ('<partition>:<offset>'), t, server,
-# cursor field, cursor value, j1, c1, j2, c2, ...
-_APPLY = (_SERVER_CHECK.replace("SERVER", "7").replace("STEP", "6") + """
+# KEYS[4] = step index of the attribute, KEYS[5] = touched marks of the attribute, KEYS[6] = the campaign's newest
+# final step, KEYS[7] = cursor key of the campaign. ARGV = epoch, now, n, batch_id, where ('<partition>:<offset>'),
+# t, wall ('1': a wall-clock step of the HTTP ingest), wall limit, ahead, server, cursor field, cursor value,
+# j1, c1, j2, c2, ... The step is indexed and marked touched in the same script as its counts (a worker killed
+# between two round trips left counted steps out of the index: issue 18).
+_APPLY = (_prelude(server=10, step=6, wall=7, limit=8, ahead=9) + """
 local status = 1
 if redis.call('HSETNX', KEYS[1], 'b:' .. ARGV[4], ARGV[5]) == 0 then
   status = 2
 else
-  for i = 10, #ARGV, 2 do
+  for i = 13, #ARGV, 2 do
     redis.call('HINCRBY', KEYS[1], 'c:' .. ARGV[i], ARGV[i + 1])
   end
   redis.call('HINCRBY', KEYS[1], 'n', ARGV[3])
   redis.call('HSETNX', KEYS[1], 'first_ts', ARGV[2])
   redis.call('HSET', KEYS[1], 'last_ts', ARGV[2])
+  if ARGV[7] == '1' then
+    redis.call('HSET', KEYS[1], 'wall', 1)
+  end
+  redis.call('ZADD', KEYS[4], t, ARGV[6])
+  redis.call('ZINCRBY', KEYS[5], 1, ARGV[6])
 end
-""" + _SET_CURSOR.replace("CURSOR", "8") + """
+""" + _set_cursor(11) + """
 return {status, run}
 """)
 
-# KEYS as _APPLY. ARGV = epoch, t, server, cursor field, cursor value.
-_WATERMARK = (_SERVER_CHECK.replace("SERVER", "3").replace("STEP", "2") + """
+# KEYS as _APPLY. ARGV = epoch, t, wall ('0'), wall limit, ahead, server, cursor field, cursor value, count (the
+# reports its sender sent for the step: kept as ``expected``, the largest stated).
+_WATERMARK = (_prelude(server=6, step=2, wall=3, limit=4, ahead=5) + """
 local status = redis.call('HSETNX', KEYS[1], 'closed', 1)
-""" + _SET_CURSOR.replace("CURSOR", "4") + """
+if status == 1 then
+  redis.call('ZADD', KEYS[4], t, ARGV[2])
+end
+if tonumber(ARGV[9]) > tonumber(redis.call('HGET', KEYS[1], 'expected') or '0') then
+  redis.call('HSET', KEYS[1], 'expected', ARGV[9])
+end
+""" + _set_cursor(7) + """
 return {status, run}
 """)
 
-# KEYS[1] = lease key. ARGV = holder, ttl (ms). Take a free lease or renew one's own.
+# KEYS[1] = lease key, KEYS[2] = fence counter. ARGV = holder, ttl (ms), now (ms). Take a free lease or renew one's
+# own; returns the holder's fencing token (0: another worker holds the lease). A new holder's token is the counter
+# incremented; a counter that is missing (a new or emptied store) starts at the current time in milliseconds, so a
+# token drawn after a store loss is still above every token drawn before it.
 _CLAIM_LEASE = """
 local cur = redis.call('GET', KEYS[1])
 if not cur then
-  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-  return 1
+  if redis.call('EXISTS', KEYS[2]) == 0 then
+    redis.call('SET', KEYS[2], ARGV[3])
+  end
+  local token = redis.call('INCR', KEYS[2])
+  redis.call('SET', KEYS[1], ARGV[1] .. '|' .. token, 'PX', ARGV[2])
+  return token
 end
-if cur == ARGV[1] then
+local sep = string.find(cur, '|', 1, true)
+if sep and string.sub(cur, 1, sep - 1) == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return 1
+  return tonumber(string.sub(cur, sep + 1))
 end
 return 0
 """
 
 # KEYS[1] = lease key. ARGV = holder. Delete the lease only if the holder still owns it.
 _RELEASE_LEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
+local cur = redis.call('GET', KEYS[1])
+if cur and string.sub(cur, 1, #ARGV[1] + 1) == ARGV[1] .. '|' then
   return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
+
+# KEYS[1] = the campaign's fence, KEYS[2] = finals index, KEYS[3] = estimates (history), KEYS[4] = pending finals,
+# KEYS[5] = the campaign's newest final logical step. ARGV = token, t, revision, n, estimate JSON, wall ('1'/'0').
+# Claim revision ARGV[3] of step t for the holder of token ARGV[1]: refused ({0, fence}) if a newer holder raised
+# the campaign's fence; {2, '<n>:<revision>'} if this or a later revision was claimed before (by anyone); else the
+# final is recorded in the history and the finals index, marked pending until its publication is confirmed, and
+# {1, ''} returned: only the claimant publishes it.
+_CLAIM_FINAL = """
+local fence = tonumber(redis.call('GET', KEYS[1]) or '0')
+local token = tonumber(ARGV[1])
+if token < fence then
+  return {0, tostring(fence)}
+end
+if token > fence then
+  redis.call('SET', KEYS[1], ARGV[1])
+end
+local cur = redis.call('HGET', KEYS[2], ARGV[2])
+if cur then
+  local rev = tonumber(string.match(cur, ':(%-?%d+)$') or '-1')
+  if rev >= tonumber(ARGV[3]) then
+    return {2, cur}
+  end
+end
+redis.call('HSET', KEYS[2], ARGV[2], ARGV[4] .. ':' .. ARGV[3])
+redis.call('HSET', KEYS[3], ARGV[2], ARGV[5])
+redis.call('HSET', KEYS[4], ARGV[2], ARGV[3])
+if ARGV[6] ~= '1' and tonumber(ARGV[2]) > tonumber(redis.call('GET', KEYS[5]) or '-1') then
+  redis.call('SET', KEYS[5], ARGV[2])
+end
+return {1, ''}
+"""
+
+# KEYS as _CLAIM_FINAL, KEYS[6] = retention floor. ARGV = fence, t, revision, n, estimate JSON, wall. A final read
+# back from ldp.estimates (the record of what was published): recorded unless the store knows a later revision
+# or the step is below the floor; its pending mark (if it is the one pending) is cleared: it was published. The
+# campaign's fence is raised to the publisher's. Returns 1 if the history changed.
+_RESTORE_FINAL = """
+local fence = tonumber(redis.call('GET', KEYS[1]) or '0')
+if tonumber(ARGV[1]) > fence then
+  redis.call('SET', KEYS[1], ARGV[1])
+end
+if tonumber(ARGV[2]) < tonumber(redis.call('GET', KEYS[6]) or '0') then
+  return 0
+end
+if redis.call('HGET', KEYS[4], ARGV[2]) == ARGV[3] then
+  redis.call('HDEL', KEYS[4], ARGV[2])
+end
+local cur = redis.call('HGET', KEYS[2], ARGV[2])
+if cur and tonumber(string.match(cur, ':(%-?%d+)$') or '-1') >= tonumber(ARGV[3]) then
+  return 0
+end
+redis.call('HSET', KEYS[2], ARGV[2], ARGV[4] .. ':' .. ARGV[3])
+redis.call('HSET', KEYS[3], ARGV[2], ARGV[5])
+redis.call('HDEL', KEYS[4], ARGV[2])
+if ARGV[6] ~= '1' and tonumber(ARGV[2]) > tonumber(redis.call('GET', KEYS[5]) or '-1') then
+  redis.call('SET', KEYS[5], ARGV[2])
+end
+return 1
+"""
+
+# KEYS[1] = pending finals. ARGV = t, revision. The publication of that revision was acknowledged.
+_CONFIRM_FINAL = """
+if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then
+  return redis.call('HDEL', KEYS[1], ARGV[1])
 end
 return 0
 """
@@ -200,7 +328,7 @@ end
 return cur
 """
 
-# KEYS = floor, steps, estimates, finals, closed_ts, touched, pruned, count key of t1, count key of t2, ...;
+# KEYS = floor, steps, estimates, finals, closed_ts, touched, pruned, pending, count key of t1, count key of t2, ...;
 # ARGV = t1, t2, ... Forget each step below the floor (a step at or above it is left alone); count in `pruned`
 # the steps that leave the index above the highest pruned before (a step recreated below it is not counted
 # twice). Returns {how many left the step index, the pruned count}.
@@ -212,7 +340,7 @@ local removed = 0
 for i = 1, #ARGV do
   local t = tonumber(ARGV[i])
   if t < floor then
-    redis.call('UNLINK', KEYS[7 + i])
+    redis.call('UNLINK', KEYS[8 + i])
     local gone = redis.call('ZREM', KEYS[2], ARGV[i])
     removed = removed + gone
     if gone == 1 and t > top then
@@ -223,6 +351,7 @@ for i = 1, #ARGV do
     redis.call('HDEL', KEYS[4], ARGV[i])
     redis.call('HDEL', KEYS[5], ARGV[i])
     redis.call('ZREM', KEYS[6], ARGV[i])
+    redis.call('HDEL', KEYS[8], ARGV[i])
   end
 end
 redis.call('HSET', KEYS[7], 'max', top, 'count', count)
@@ -256,11 +385,6 @@ end
 return records
 """
 
-_RECORD_FINAL = """
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
-return 1
-"""
 
 
 # ---------------------------------------------------------------------------- key formats
@@ -318,6 +442,11 @@ def epoch_key(campaign: str) -> str:
     return f"ldp:{{{campaign}}}:epoch"
 
 
+def newest_final_key(campaign: str) -> str:
+    """The campaign's newest final logical step (absent before the first): the reference of the step bound."""
+    return f"ldp:{{{campaign}}}:newest-final"
+
+
 def cursor_key(campaign: str) -> str:
     """Hash ``<app_id>|<topic>:<partition> -> <offset>|<message ident>``: the campaign's last message from each
     partition whose effects the store holds (written by the apply scripts, in the campaign's slot)."""
@@ -330,8 +459,28 @@ def positions_key(app_id: str) -> str:
 
 
 def lease_key(app_id: str) -> str:
-    """The estimator lease of a consumer group."""
-    return f"ldp:estimator-lease:{app_id}"
+    """The estimator lease of a consumer group (value ``<holder>|<fencing token>``)."""
+    return f"ldp:{{estimator:{app_id}}}:lease"
+
+
+def fence_counter_key(app_id: str) -> str:
+    """The counter the estimator lease's fencing tokens are drawn from (in the lease's slot)."""
+    return f"ldp:{{estimator:{app_id}}}:fence"
+
+
+def fence_key(campaign: str) -> str:
+    """The highest fencing token that claimed a final of the campaign: an older holder's claims are refused."""
+    return f"ldp:{{{campaign}}}:fence"
+
+
+def pending_key(campaign: str, attribute: str) -> str:
+    """Hash ``t -> revision`` of the finals claimed whose publication was not confirmed yet."""
+    return f"{_attribute_prefix(campaign, attribute)}:pending"
+
+
+def estimates_read_key(app_id: str) -> str:
+    """Hash ``partition -> offset``: how far the finals on ``ldp.estimates`` are known to the store."""
+    return f"ldp:estimates-read:{app_id}"
 
 
 def wake_channel(app_id: str) -> str:
@@ -369,6 +518,26 @@ class Position(NamedTuple):
     ident: str
 
 
+class StepBound(NamedTuple):
+    """How far ahead of the stream a batch's step may be (``Campaign.max_steps_ahead``; the default: unbounded).
+
+    A logical step (a fleet's 0, 1, 2, ...) may be at most ``ahead`` steps past the campaign's newest final step
+    (no bound before the first final, or after a store loss until the finals are rebuilt); a wall-clock step of
+    the HTTP ingest (:func:`wire.envelope.is_wall_clock`) at most ``wall_limit``. Beyond: :data:`FUTURE_STEP`."""
+
+    wall_limit: int = 2 ** 53
+    ahead: int = 2 ** 53
+
+    def args(self, wall: bool) -> list[Any]:
+        return ["1" if wall else "0", int(self.wall_limit), int(self.ahead)]
+
+
+def _apply_keys(campaign: str, attribute: str, t: int) -> list[str]:
+    """The KEYS of the apply scripts but the cursor key (added by :meth:`CountStore._run_apply`)."""
+    return [count_key(campaign, attribute, t), epoch_key(campaign), floor_key(campaign, attribute),
+            steps_key(campaign, attribute), touched_key(campaign, attribute), newest_final_key(campaign)]
+
+
 def _position_entry(position: Position) -> tuple[str, str]:
     """The field and value of ``position`` in the positions hash."""
     return f"{position.topic}:{position.partition}", f"{position.offset}|{position.ident}"
@@ -395,11 +564,15 @@ class StepState(TypedDict):
     closed: bool
     first_ts: float | None
     last_ts: float | None
+    wall: bool  # a wall-clock step: counted from the HTTP ingest (its batch ids begin with ``http:``)
+    expected: int  # the reports its watermark says the producer sent (0: not stated)
+    incomplete: str | None  # why the step may lack reports the broker lost (:meth:`CountStore.mark_incomplete`)
 
 
 def _parse_step(raw: Mapping[bytes, bytes], size: int) -> StepState:
     counts = np.zeros(size, dtype=np.int64)
-    state = StepState(counts=counts, n=0, closed=False, first_ts=None, last_ts=None)
+    state = StepState(counts=counts, n=0, closed=False, first_ts=None, last_ts=None, wall=False, expected=0,
+                      incomplete=None)
     for k, v in raw.items():
         if k.startswith(_BATCH_PREFIX):  # applied batch ids: not part of the step's counts
             continue
@@ -416,6 +589,12 @@ def _parse_step(raw: Mapping[bytes, bytes], size: int) -> StepState:
             state["first_ts"] = float(v)
         elif k == "last_ts":
             state["last_ts"] = float(v)
+        elif k == "wall":
+            state["wall"] = True
+        elif k == "expected":
+            state["expected"] = int(v)
+        elif k == "incomplete":
+            state["incomplete"] = v.decode(errors="replace")
     return state
 
 
@@ -544,7 +723,9 @@ class CountStore:
         self._clear_touched = client.register_script(_CLEAR_TOUCHED)
         self._raise_floor = client.register_script(_RAISE_FLOOR)
         self._prune = client.register_script(_PRUNE)
-        self._record_final = client.register_script(_RECORD_FINAL)
+        self._claim_final = client.register_script(_CLAIM_FINAL)
+        self._restore_final = client.register_script(_RESTORE_FINAL)
+        self._confirm_final = client.register_script(_CONFIRM_FINAL)
         self._claim_keys = client.register_script(_CLAIM_KEYS)
         self._settle_keys = client.register_script(_SETTLE_KEYS)
         self._one_node = not isinstance(client, aioredis.RedisCluster)
@@ -601,7 +782,7 @@ class CountStore:
         return _parse_positions(await self.redis.hgetall(cursor_key(campaign)), f"{app_id}|{topic}:")
 
     async def apply_batch(self, campaign: str, attribute: str, t: int, counts: np.ndarray, n: int, batch_id: str,
-                          where: str = "", position: Position | None = None) -> int:
+                          where: str = "", position: Position | None = None, bound: StepBound = StepBound()) -> int:
         """Add a batch's support counts unless its ``batch_id`` was already applied to step ``t``.
 
         Returns :data:`APPLIED`, :data:`DUPLICATE_BATCH_ID` (nothing changed: a re-sent, redelivered or
@@ -612,45 +793,41 @@ class CountStore:
         :meth:`cursors` showed nothing lost). ``where``
         (``"<partition>:<offset>"``) is kept with the batch id for diagnosis. ``position``: the message's
         consumer position, recorded after the batch (in the round trip that indexes the step) unless the store
-        was reset: on a single node the position never runs ahead of the counts, even after an AOF loss."""
+        was reset: on a single node the position never runs ahead of the counts, even after an AOF loss.
+        ``bound``: how far ahead step ``t`` may be (:class:`StepBound`); beyond it :data:`FUTURE_STEP`, nothing
+        changed. The step is indexed and marked touched (:meth:`touched`) by the same script as its counts."""
         if not batch_id:
             raise ValueError("a batch must have a batch id")
         epoch = await self.epoch(campaign)
         nz = np.flatnonzero(counts)
         pairs = np.empty(2 * nz.size, dtype=np.int64)
         pairs[0::2], pairs[1::2] = nz, np.asarray(counts)[nz]
-        keys = [count_key(campaign, attribute, t), epoch_key(campaign), floor_key(campaign, attribute)]
-        status = await self._run_apply(self._apply, campaign, keys,
-                                       [epoch, _stamp(time.time()), int(n), batch_id, where, int(t)], position,
-                                       pairs.tolist())
-        await self._after_apply(status, campaign, attribute, t, position, touch=True)
+        status = await self._run_apply(self._apply, campaign, _apply_keys(campaign, attribute, t),
+                                       [epoch, _stamp(time.time()), int(n), batch_id, where, int(t),
+                                        *bound.args(is_wall_clock(batch_id))],
+                                       position, pairs.tolist())
+        await self._after_apply(status, campaign, position)
         return status
 
-    async def _after_apply(self, status: int, campaign: str, attribute: str, t: int, position: Position | None, *,
-                           touch: bool) -> None:
-        """Index the step, mark it touched (late data, :meth:`touched`) and record the position, in one round
-        trip; or forget the epoch after a reset. An expired step records nothing (the agent rejects it)."""
+    async def _after_apply(self, status: int, campaign: str, position: Position | None) -> None:
+        """Record the position (a handled message), or forget the epoch after a reset. A step refused by the
+        script (expired, future) records nothing here: the agent rejects the message and records it then."""
         if status == STORE_RESET:
             self._epochs.pop(campaign, None)
             return
-        if status in (EXPIRED, SERVER_CHANGED) or (status != APPLIED and position is None):
+        if status in (EXPIRED, SERVER_CHANGED, FUTURE_STEP) or position is None:
             return
-        pipe = self.redis.pipeline(transaction=False)
-        if status == APPLIED:
-            pipe.zadd(steps_key(campaign, attribute), {str(t): t})
-            if touch:
-                pipe.zincrby(touched_key(campaign, attribute), 1, str(t))
-        if position is not None:
-            pipe.hset(positions_key(position.app_id), *_position_entry(position))
-        await pipe.execute()
+        await self.set_position(position)
 
-    async def apply_watermark(self, campaign: str, attribute: str, t: int, position: Position | None = None) -> int:
-        """Mark step ``t`` closed (no more reports from its producer): :data:`APPLIED` the first time,
-        :data:`ALREADY_CLOSED` after, :data:`STORE_RESET` as in :meth:`apply_batch` (``position`` too)."""
+    async def apply_watermark(self, campaign: str, attribute: str, t: int, position: Position | None = None,
+                              bound: StepBound = StepBound(), count: int = 0) -> int:
+        """Mark step ``t`` closed (no more reports from its producer, which sent ``count`` of them; 0: not
+        stated): :data:`APPLIED` the first time, :data:`ALREADY_CLOSED` after, :data:`STORE_RESET` as in
+        :meth:`apply_batch` (``position``, ``bound`` too)."""
         epoch = await self.epoch(campaign)
-        keys = [count_key(campaign, attribute, t), epoch_key(campaign), floor_key(campaign, attribute)]
-        status = await self._run_apply(self._watermark, campaign, keys, [epoch, int(t)], position)
-        await self._after_apply(status, campaign, attribute, t, position, touch=False)
+        status = await self._run_apply(self._watermark, campaign, _apply_keys(campaign, attribute, t),
+                                       [epoch, int(t), *bound.args(False)], position, [int(count)])
+        await self._after_apply(status, campaign, position)
         return status
 
     # ------------------------------------------------------------------ consumer positions
@@ -800,7 +977,7 @@ class CountStore:
         and :meth:`pruned_steps` after it."""
         keys = [floor_key(campaign, attribute), steps_key(campaign, attribute), estimates_key(campaign, attribute),
                 finals_key(campaign, attribute), closed_ts_key(campaign, attribute), touched_key(campaign, attribute),
-                pruned_key(campaign, attribute)]
+                pruned_key(campaign, attribute), pending_key(campaign, attribute)]
         keys += [count_key(campaign, attribute, t) for t in ts]
         removed, count = await self._prune(keys=keys, args=[str(t) for t in ts])
         return int(removed), int(count)
@@ -809,10 +986,71 @@ class CountStore:
         """How many steps were pruned from the attribute's step index (all below the retention floor)."""
         return int(await self.redis.hget(pruned_key(campaign, attribute), "count") or 0)
 
-    async def record_final(self, campaign: str, attribute: str, t: int, doc: dict[str, Any]) -> None:
-        """Record (or replace, for a revision) the final estimate of step ``t``: history and finals index."""
-        await self._record_final(keys=[estimates_key(campaign, attribute), finals_key(campaign, attribute)],
-                                 args=[str(t), json.dumps(doc), f"{int(doc['n'])}:{int(doc['revision'])}"])
+    async def claim_final(self, campaign: str, attribute: str, doc: dict[str, Any], token: int) -> tuple[int, str]:
+        """Claim a final (``doc``: its estimate, with ``t``, ``n`` and ``revision``) for the lease holder of fencing
+        token ``token``, in one script: ``(CLAIMED, "")`` and the final is in the history, the finals index and
+        the pending finals (publish it, then :meth:`confirm_final`); ``(CLAIM_EXISTS, "<n>:<revision>")`` if this
+        or a later revision of the step was claimed before; ``(CLAIM_STALE, "<fence>")`` if a holder with a newer
+        token claimed a final of the campaign (this one lost the lease)."""
+        t = int(doc["t"])
+        status, detail = await self._claim_final(
+            keys=self._final_keys(campaign, attribute),
+            args=[int(token), t, int(doc["revision"]), int(doc["n"]), json.dumps(doc),
+                  "1" if doc.get("clock") == "wall" else "0"])
+        return int(status), detail.decode() if isinstance(detail, bytes) else str(detail)
+
+    def _final_keys(self, campaign: str, attribute: str) -> list[str]:
+        return [fence_key(campaign), finals_key(campaign, attribute), estimates_key(campaign, attribute),
+                pending_key(campaign, attribute), newest_final_key(campaign)]
+
+    async def confirm_final(self, campaign: str, attribute: str, t: int, revision: int) -> None:
+        """The broker acknowledged the publication of revision ``revision`` of step ``t``: not pending any more."""
+        await self._confirm_final(keys=[pending_key(campaign, attribute)], args=[int(t), int(revision)])
+
+    async def pending_finals(self, campaign: str, attribute: str) -> dict[int, int]:
+        """``t -> revision`` of the claimed finals whose publication was not confirmed."""
+        raw = await self.redis.hgetall(pending_key(campaign, attribute))
+        return {int(t): int(rev) for t, rev in raw.items()}
+
+    async def restore_final(self, campaign: str, attribute: str, doc: dict[str, Any]) -> bool:
+        """Record a final read back from ``ldp.estimates`` unless the store knows a later revision (or the step is
+        expired); clear its pending mark. Returns whether the history changed."""
+        return bool(await self._restore_final(
+            keys=self._final_keys(campaign, attribute) + [floor_key(campaign, attribute)],
+            args=[int(doc.get("fence") or 0), int(doc["t"]), int(doc.get("revision", 0)), int(doc["n"]),
+                  json.dumps(doc), "1" if doc.get("clock") == "wall" else "0"]))
+
+    async def raise_fence(self, campaign: str, token: int) -> None:
+        """Refuse the claims of older lease holders from now on (a new holder, before it reads anything)."""
+        await self._raise_floor(keys=[fence_key(campaign)], args=[int(token)])
+
+    async def estimates_read(self, app_id: str) -> dict[int, int]:
+        """How far (``partition -> offset``) the finals on ``ldp.estimates`` are known to the store."""
+        raw = await self.redis.hgetall(estimates_read_key(app_id))
+        return {int(p): int(off) for p, off in raw.items()}
+
+    async def set_estimates_read(self, app_id: str, offsets: Mapping[int, int]) -> None:
+        if offsets:
+            await self.redis.hset(estimates_read_key(app_id), mapping={str(p): int(o) for p, o in offsets.items()})
+
+    async def newest_final(self, campaign: str) -> int | None:
+        """The campaign's newest final logical step (``None`` before the first)."""
+        raw = await self.redis.get(newest_final_key(campaign))
+        return int(raw) if raw is not None else None
+
+    async def mark_incomplete(self, campaign: str, attribute: str, ts: Iterable[int], why: str) -> None:
+        """Mark steps whose reports the broker may have lost before they were counted: their finals say
+        ``complete: false`` (an unrepairable loss, ``stream_app.app``)."""
+        pipe = self.redis.pipeline(transaction=False)
+        for t in ts:
+            pipe.hset(count_key(campaign, attribute, t), "incomplete", why)
+        await pipe.execute()
+
+    async def unfinished_steps(self, campaign: str, attribute: str) -> list[int]:
+        """The indexed steps without a final (the open ones, and settled ones that got no final)."""
+        steps = await self.redis.zrangebyscore(steps_key(campaign, attribute), "-inf", "+inf")
+        finals = set(await self.redis.hkeys(finals_key(campaign, attribute)))
+        return [int(t) for t in steps if t not in finals]
 
     async def final_index(self, campaign: str, attribute: str) -> dict[int, tuple[int, int]]:
         """``t -> (n, revision)`` of the published finals (the finals index)."""
@@ -830,9 +1068,11 @@ class CountStore:
                                   mapping={str(t): f"{n}:{rev}" for t, (n, rev) in finals.items()})
 
     # ------------------------------------------------------------------ the estimator lease
-    async def claim_lease(self, app_id: str, holder: str, ttl_seconds: float) -> bool:
-        """Take the estimator lease of ``app_id`` if free, or renew it if ``holder`` has it."""
-        return bool(await self._claim_lease(keys=[lease_key(app_id)], args=[holder, int(ttl_seconds * 1000)]))
+    async def claim_lease(self, app_id: str, holder: str, ttl_seconds: float) -> int:
+        """Take the estimator lease of ``app_id`` if free, or renew it if ``holder`` has it; returns the holder's
+        fencing token (a new one at every acquisition, higher than any before), 0 if another worker holds it."""
+        return int(await self._claim_lease(keys=[lease_key(app_id), fence_counter_key(app_id)],
+                                           args=[holder, int(ttl_seconds * 1000), int(time.time() * 1000)]))
 
     async def release_lease(self, app_id: str, holder: str) -> None:
         """Give the lease up if ``holder`` still has it."""

@@ -2,30 +2,46 @@
 
 Who runs it
     Every worker runs the loop, but only the holder of a Redis *lease*
-    (:meth:`CountStore.claim_lease <stream_app.store.CountStore.claim_lease>`: ``SET NX PX``
-    renewed every tick by a compare-and-expire script) computes and publishes. Why not Faust's ``on_leader`` timers: with no changelog tables
-    Faust uses the round-robin assignor and has no leader partition, and a leader elected through
-    the consumer group is lost for a whole session timeout when it is killed (tansu delays the
-    rejoin); the lease moves to another worker after ``lease_ttl`` seconds whatever the group does,
-    and it guarantees a single publisher, so ``ldp.estimates`` carries each final estimate once
-    (a publisher killed between publishing and recording a final may publish it twice; the Redis
-    history is idempotent).
+    (:meth:`CountStore.claim_lease <stream_app.store.CountStore.claim_lease>`, renewed every tick) computes and
+    publishes. Why not Faust's ``on_leader`` timers: with no changelog tables Faust uses the round-robin assignor
+    and has no leader partition, and a leader elected through the consumer group is lost for a whole session
+    timeout when it is killed (tansu delays the rejoin); the lease moves to another worker after ``lease_ttl``
+    seconds whatever the group does.
 
-When a step is final
-    * its watermark was applied (``store.read_step(...)["closed"]``: the producer promised no more
-      reports for the step; all batches of a step share the key ``"{t}:{attr}"`` and hence one
-      partition, so every report sent before the watermark is already counted), trigger
-      ``"watermark"``; or
-    * ``now >= max((t + 1) * time_step_seconds, last_ts) + lateness_seconds``, trigger
-      ``"lateness"``: for HTTP-ingested steps (``t = floor(now / time_step_seconds)``) the step
-      closes ``lateness_seconds`` after its wall-clock end, later if reports keep arriving; for
-      logical steps (simulated fleets number steps 0, 1, 2, ... so their wall-clock end is long
-      past) this reduces to ``lateness_seconds`` of silence, and a fleet should send watermarks.
+One revision-0 final per step, fenced
+    Every acquisition of the lease draws a new *fencing token*, higher than any before (a counter that, if the
+    store lost it, restarts at the clock in milliseconds). A new holder first raises each campaign's fence to its
+    token, so a holder that lost the lease (stalled past it: a broker outage, SIGSTOP, a long pause) can no longer
+    claim anything. Publishing a final (or a revision) first *claims* ``(campaign, attribute, t, revision)`` with
+    the token in one script (:meth:`~stream_app.store.CountStore.claim_final`): the document goes into the
+    history and the finals index, marked *pending*; only the claimant publishes it, and the broker's
+    acknowledgement clears the mark. A claim left pending (its holder failed or died before the
+    acknowledgement) is published again by the next tick of whoever holds the lease, unchanged: same key
+    (:func:`wire.topics.estimate_key`), same document, so a retried publication is idempotent for consumers.
+    The topic is the record of what was published: a new holder, and a holder that sees Redis restarted, reads
+    ``ldp.estimates`` from where the store last read it (:meth:`Estimator._rebuild_from_topic`) and records the
+    finals the store lost (an AOF cut short, a store emptied) before it publishes anything.
 
-    A final estimate is published once on ``ldp.estimates`` and stored in the Redis history
-    (``store.record_final``). A step that is due with ``n == 0`` (a watermark without reports, or
-    a step in the index whose counts are gone) gets no final: it is *settled* silently, and its
-    first batch after that publishes its first final (trigger ``"late"``).
+When a step is final (stream progress, not the clock alone)
+    * its watermark was applied (``closed``: the producer promised no more reports for the step; all batches of
+      a step share the key ``"{t}:{attr}"`` and hence one partition, so every report sent before the watermark
+      is already counted), trigger ``"watermark"``; or
+    * its grace is over and the store holds everything the broker had then, trigger ``"lateness"``. The grace:
+      for a *logical* step (a fleet's 0, 1, 2, ...), ``lateness_seconds`` after stream time passed it (the first
+      tick that saw a later step's reports counted), later if its own reports keep arriving; for a *wall-clock*
+      step (counted from the HTTP ingest, ``t = floor(now / time_step_seconds)``), ``lateness_seconds`` after its
+      window (:func:`due_at`). Then the step's *barrier*: the end offsets of every partition of ``ldp.reports``
+      when it first became due; it is final once the consumer positions recorded in the store
+      (``CountStore.positions``) are past them, as Kafka Streams' stream time and grace period work. So while
+      Redis or the broker is away, or partitions are unassigned or lagging, nothing that may still receive
+      counted data becomes final; a logical step that stream time never passes (the last step of a producer
+      that died for good) stays open.
+
+    A final carries ``complete: false`` (and why, in ``incomplete``) when the broker may have lost some of its
+    reports: its watermark states more reports than were counted, or an unrepairable broker loss
+    (``stream_app.app``) marked the step while it was open. A step that is due with ``n == 0`` (a watermark
+    without reports, or a step in the index whose counts are gone) gets no final: it is *settled* silently, and
+    its first batch after that publishes its first final (trigger ``"late"``).
 
 Late data
     Reports counted after a step's final (the agent counts every batch of a step within
@@ -79,21 +95,39 @@ import math
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Protocol
 
 from estimators.poisoning import detection_score, detection_threshold
 from wire.campaign import Attribute, Campaign
+from wire.topics import REPORTS_TOPIC
 
 from .metrics import Metrics
-from .store import CountStore, StepState, WakeUps
+from .store import CLAIM_EXISTS, CLAIM_STALE, CountStore, StepState, WakeUps
 
-__all__ = ["Estimator", "build_estimate", "due_at"]
+__all__ = ["Estimator", "StreamView", "build_estimate", "due_at"]
 
 #: ``revision`` of a settled step: due with ``n == 0``, no final published (see the module doc).
 SETTLED = -1
 
 log = logging.getLogger(__name__)
 Publish = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+class StreamView(Protocol):
+    """What the estimator reads from the broker (``stream_app.broker.TopicReader``)."""
+
+    async def report_ends(self) -> dict[int, int]:
+        """``partition -> log end offset`` of ``ldp.reports``."""
+
+    async def estimate_ends(self) -> dict[int, int]:
+        """``partition -> log end offset`` of ``ldp.estimates``."""
+
+    async def published_finals(self, since: dict[int, int]) -> tuple[list[dict[str, Any]], dict[int, int]]:
+        """The finals on ``ldp.estimates`` from ``since`` to the end, and the end offsets."""
+
+
+class _Fenced(Exception):
+    """A lease holder with a newer fencing token claimed a final: this one lost the lease."""
 
 
 def _finite(x: float) -> float | None:
@@ -116,8 +150,12 @@ def due_at(campaign: Campaign, t: int, state: StepState) -> float:
 
 def build_estimate(campaign: Campaign, attr: Attribute, t: int, state: StepState, steps_so_far: int, *,
                    final: bool, trigger: str | None, now: float, closed_ts: float | None = None,
-                   revision: int = 0, worker: str = "") -> dict[str, Any]:
-    """The JSON document of one estimate (published on ``ldp.estimates``)."""
+                   revision: int = 0, worker: str = "", fence: int = 0) -> dict[str, Any]:
+    """The JSON document of one estimate (published on ``ldp.estimates``).
+
+    ``complete`` is false when the broker may have lost some of the step's reports before they were counted
+    (``incomplete``: why); ``fence``: the fencing token of the lease holder that published it; ``clock``:
+    ``"wall"`` for a wall-clock step of the HTTP ingest, ``"logical"`` for a fleet's numbered step."""
     proto = attr.protocol
     n = int(state["n"])
     freq = freq_ns = var = half = None
@@ -128,6 +166,10 @@ def build_estimate(campaign: Campaign, attr: Attribute, t: int, state: StepState
         var = float(proto.variance(n))
         half = 1.96 * math.sqrt(var)
     last_input = max(x for x in (state.get("last_ts"), closed_ts, 0.0) if x is not None)
+    expected = int(state.get("expected") or 0)
+    incomplete = state.get("incomplete") or (
+        f"{n} of the {expected} reports its producer sent were counted: the broker lost the others before they "
+        f"were counted" if expected > n else None)
     return {
         "campaign": campaign.id, "attribute": attr.name, "protocol": proto.name,
         "fingerprint": proto.fingerprint, "t": int(t), "final": bool(final), "trigger": trigger,
@@ -146,7 +188,9 @@ def build_estimate(campaign: Campaign, attr: Attribute, t: int, state: StepState
         "first_ts": state.get("first_ts"), "last_ts": state.get("last_ts"), "closed_ts": closed_ts,
         "updated_at": now,
         "latency_seconds": (now - last_input) if last_input else None,
-        "worker": worker,
+        "worker": worker, "fence": int(fence),
+        "clock": "wall" if state.get("wall") else "logical",
+        "complete": incomplete is None, "incomplete": incomplete, "expected_n": expected or None,
     }
 
 
@@ -161,6 +205,8 @@ class _AttrState:
     floor: int = 0  # the retention floor: steps below are expired (mirrors store.retention_floor)
     pruned: int = 0  # steps pruned from the step index (mirrors store.pruned_steps)
     audit_next: int = 0  # the audit resumes at the first final step >= this
+    passed: dict[int, float] = field(default_factory=dict)  # open logical t -> when stream time was seen past it
+    barrier: dict[int, dict[int, int]] = field(default_factory=dict)  # due t -> the reports' end offsets then
 
 
 class Estimator:
@@ -173,7 +219,8 @@ class Estimator:
                  app_id: str, worker_id: str | None = None, refresh_seconds: float = 1.0,
                  lease_ttl: float | None = None, min_tick_interval: float = 0.02, rescan_ticks: int = 300,
                  touched_batch: int = 4096, audit_steps: int = 64, prune_batch: int = 256,
-                 max_alarms: int = 1000) -> None:
+                 max_alarms: int = 1000, stream: StreamView | None = None, reports_topic: str = REPORTS_TOPIC,
+                 checkpoint_ticks: int = 30) -> None:
         if refresh_seconds <= 0:
             raise ValueError("refresh_seconds must be positive")
         if touched_batch < 1 or prune_batch < 1 or audit_steps < 0 or max_alarms < 1:
@@ -192,7 +239,17 @@ class Estimator:
         self.audit_steps = audit_steps  # final steps whose n is re-read per attribute and tick
         self.prune_batch = prune_batch  # steps pruned per attribute and tick at most
         self.max_alarms = max_alarms
+        self.stream = stream  # None: no broker to compare with (tools and tests driving a store alone)
+        self.reports_topic = reports_topic
+        self.checkpoint_ticks = checkpoint_ticks
         self.is_leader = False
+        self.fence = 0  # the fencing token of this holder's lease (0: not the holder)
+        self._loaded_fence = 0  # the token under which the state was last loaded
+        self._server: str | None = None  # the Redis server the state was loaded from (its run id)
+        self._stream_high: dict[str, int] = {}  # campaign -> highest logical step with counted reports seen
+        self._progress: tuple[dict[int, int], dict[int, int]] | None = None  # this tick's (positions, report ends)
+        self._progress_warned = 0.0
+        self._pending_seen = False
         self.ticks = 0
         #: Problems for ``GET /status``: name -> {component, since, error, ...}; a count regression is
         #: ``"count_regression:<campaign>/<attribute>/<t>"`` with campaign, attribute, t, final_n, store_n,
@@ -208,16 +265,26 @@ class Estimator:
 
     # ------------------------------------------------------------------ lease
     async def _hold_lease(self) -> bool:
-        ok = await self.store.claim_lease(self.app_id, self.worker_id, self.lease_ttl)
-        if ok and not self.is_leader:
-            log.info("estimator lease acquired by %s", self.worker_id)
+        token = await self.store.claim_lease(self.app_id, self.worker_id, self.lease_ttl)
+        self.is_leader = bool(token)
+        self.metrics.estimator_leader.set(1 if token else 0)
+        if not token:
+            if self._loaded_fence:
+                log.warning("estimator lease lost by %s", self.worker_id)
+                self._lose_state()
+            return False
+        if token != self._loaded_fence:  # a new acquisition (or a retry of a load that failed)
+            log.info("estimator lease acquired by %s (fencing token %s)", self.worker_id, token)
+            self.fence = token
             await self._load_state()
-        elif not ok and self.is_leader:
-            log.warning("estimator lease lost by %s", self.worker_id)
-            self._drop_state()
-        self.is_leader = ok
-        self.metrics.estimator_leader.set(1 if ok else 0)
-        return ok
+            self._loaded_fence = token
+        return True
+
+    def _lose_state(self) -> None:
+        self.is_leader = False
+        self.fence = self._loaded_fence = 0
+        self.metrics.estimator_leader.set(0)
+        self._drop_state()
 
     async def release(self) -> None:
         """Give the lease up (clean shutdown) so another worker takes over at once."""
@@ -225,12 +292,21 @@ class Estimator:
             await self.store.release_lease(self.app_id, self.worker_id)
         finally:
             self.is_leader = False
+            self.fence = self._loaded_fence = 0
             self.metrics.estimator_leader.set(0)
 
     async def _load_state(self) -> None:
+        """What a new lease holder does before it publishes anything: refuse older holders' claims (the campaigns'
+        fences), rebuild the finals the store lost from ``ldp.estimates``, then load the finals index."""
         self._state = {}
         store = self.store
+        self._server = await store.server_id()
         for c in self.campaigns.values():
+            await store.raise_fence(c.id, self.fence)
+        await self._rebuild_from_topic()
+        for c in self.campaigns.values():
+            newest = await store.newest_final(c.id)
+            self._stream_high[c.id] = newest if newest is not None else -1
             for a in c.attributes.values():
                 st = _AttrState()
                 st.floor = await store.retention_floor(c.id, a.name)
@@ -251,8 +327,29 @@ class Estimator:
                 self._state[(c.id, a.name)] = st
                 self.metrics.retention_floor.labels(c.id, a.name).set(st.floor)
 
+    async def _rebuild_from_topic(self) -> None:
+        """Record in the store every final on ``ldp.estimates`` it does not know (it lost them: an AOF that lost
+        its tail, a store emptied), from where the store last read the topic; clear the pending marks of the
+        finals found there (they were published)."""
+        if self.stream is None:
+            return
+        since = await self.store.estimates_read(self.app_id)
+        docs, ends = await self.stream.published_finals(since)
+        restored = 0
+        for doc in docs:
+            c = self.campaigns.get(doc.get("campaign"))
+            a = c.attributes.get(doc.get("attribute")) if c is not None else None
+            if a is None or not isinstance(doc.get("t"), int) or not isinstance(doc.get("n"), int):
+                continue
+            restored += await self.store.restore_final(c.id, a.name, doc)
+        await self.store.set_estimates_read(self.app_id, ends)
+        if restored:
+            log.warning("rebuilt %d finals from the estimates topic that the store did not hold (it lost data)",
+                        restored)
+
     def _drop_state(self) -> None:
         self._state = {}
+        self._stream_high = {}
         for g in (self.metrics.estimated_frequency, self.metrics.step_reports, self.metrics.latest_step,
                   self.metrics.eps_first, self.metrics.eps_inf, self.metrics.eps_longitudinal_worst,
                   self.metrics.retention_floor, self.metrics.poisoning_score):
@@ -318,11 +415,40 @@ class Estimator:
         self.metrics.update_rate()
         if not await self._hold_lease():
             return []
+        server = await self.store.server_id()
+        if server != self._server:  # Redis restarted under this holder: it may have lost finals
+            log.warning("Redis restarted (server %s, was %s): rebuilding the finals from the estimates topic before "
+                        "publishing", server, self._server)
+            await self._load_state()
+        self._progress = None
+        self._pending_seen = False
         out: list[dict[str, Any]] = []
-        for c in self.campaigns.values():
-            for a in c.attributes.values():
-                out.extend(await self._tick_attribute(c, a, now))
+        try:
+            for c in self.campaigns.values():
+                for a in c.attributes.values():
+                    await self._republish_pending(c, a)
+                    out.extend(await self._tick_attribute(c, a, now))
+            if self.stream is not None and self.ticks % self.checkpoint_ticks == 0 and not self._pending_seen:
+                await self.store.set_estimates_read(self.app_id, await self.stream.estimate_ends())
+        except _Fenced as exc:
+            log.warning("estimator lease of %s is stale (%s): it stops publishing", self.worker_id, exc)
+            self._lose_state()
         return out
+
+    async def _republish_pending(self, c: Campaign, a: Attribute) -> None:
+        """Publish again, unchanged, the claimed finals whose publication was not confirmed (a holder that
+        failed or died between claiming and the broker's acknowledgement): same key, same document."""
+        pending = await self.store.pending_finals(c.id, a.name)
+        if not pending:
+            return
+        self._pending_seen = True
+        ts = sorted(pending)
+        for t, doc in zip(ts, await self.store.final_estimates(c.id, a.name, ts)):
+            if doc is not None and int(doc.get("revision", 0)) == pending[t]:
+                log.info("%s/%s step %s: publishing revision %s again (claimed, its publication unconfirmed)", c.id,
+                         a.name, t, pending[t])
+                await self.publish(doc)
+            await self.store.confirm_final(c.id, a.name, t, pending[t])
 
     async def _tick_attribute(self, c: Campaign, a: Attribute, now: float | None) -> list[dict[str, Any]]:
         st = self._state.setdefault((c.id, a.name), _AttrState())
@@ -351,13 +477,17 @@ class Estimator:
             states = await store.read_steps(c.id, a.name, todo, size)  # one pipeline: no connection per step
             closed = await store.closed_times(c.id, a.name, todo)
             t_now = time.time() if now is None else now
+            high = self._stream_high.get(c.id, -1)
+            for t, s in zip(todo, states):
+                if s["n"] > 0 and not s["wall"] and t > high:
+                    high = self._stream_high[c.id] = t
             for t, s, cts in zip(todo, states, closed):
                 if t in st.finalized:  # late data after a final estimate: publish a revision
                     final_n, revision = st.finalized[t]
                     if s["n"] <= final_n:  # not grown after all (read again since the check)
                         continue
                     final, trigger, revision = True, "late", revision + 1
-                elif s["closed"] or t_now >= due_at(c, t, s):
+                elif s["closed"] or (self._grace_over(c, st, t, s, t_now) and await self._caught_up(st, t)):
                     if s["n"] == 0:  # never a final with n == 0
                         log.info("step %s of %s/%s is due with no report counted: no final estimate", t, c.id,
                                  a.name)
@@ -366,14 +496,14 @@ class Estimator:
                     final, trigger, revision = True, "watermark" if s["closed"] else "lateness", 0
                 else:
                     final, trigger, revision = False, None, 0
-                    if st.published.get(t) == (s["n"], s["closed"]):
+                    if s["n"] == 0 or st.published.get(t) == (s["n"], s["closed"]):  # nothing (new) to estimate
                         continue
                 steps_so_far = st.pruned + await store.count_steps_through(c.id, a.name, t)
                 doc = build_estimate(c, a, t, s, steps_so_far, final=final, trigger=trigger,
                                      now=time.time() if now is None else now, closed_ts=cts,
-                                     revision=revision, worker=self.worker_id)
-                await self._emit(c, a, st, doc)
-                docs.append(doc)
+                                     revision=revision, worker=self.worker_id, fence=self.fence)
+                if await self._emit(c, a, st, doc):
+                    docs.append(doc)
         await store.clear_touched(c.id, a.name, marks)  # after the revisions were recorded
         # every step below the first open one is final: the next scan starts there
         rest = [t for t in cand if t not in st.finalized]
@@ -463,6 +593,8 @@ class Estimator:
         for t in batch:
             st.finalized.pop(t, None)
             st.published.pop(t, None)
+            st.passed.pop(t, None)
+            st.barrier.pop(t, None)
         del st.order[:bisect.bisect_right(st.order, batch[-1])]
         self.metrics.steps_pruned.labels(c.id, a.name).inc(len(batch))
         log.debug("pruned %d steps of %s/%s below the retention floor %d", len(batch), c.id, a.name, st.floor)
@@ -472,22 +604,80 @@ class Estimator:
             bisect.insort(st.order, t)
         st.finalized[t] = (n, revision)
         st.published.pop(t, None)
+        st.passed.pop(t, None)
+        st.barrier.pop(t, None)
 
-    async def _emit(self, c: Campaign, a: Attribute, st: _AttrState, doc: dict[str, Any]) -> None:
+    async def _emit(self, c: Campaign, a: Attribute, st: _AttrState, doc: dict[str, Any]) -> bool:
+        """Publish an estimate; a final is first claimed with this holder's fencing token (one script: exactly
+        one document per revision of a step, and none from a holder that lost the lease), then published, then
+        confirmed. Returns whether it was published."""
         t = doc["t"]
-        await self.publish(doc)
         if doc["final"]:
-            await self.store.record_final(c.id, a.name, t, doc)
+            status, held = await self.store.claim_final(c.id, a.name, doc, self.fence)
+            if status == CLAIM_STALE:
+                raise _Fenced(f"the campaign's fence is at token {held}, this holder's is {self.fence}")
+            if status == CLAIM_EXISTS:  # claimed before this holder knew (a rebuilt or concurrent claim)
+                n, _, revision = held.partition(":")
+                log.info("%s/%s step %s: revision %s is claimed already (%s); not published again", c.id, a.name, t,
+                         doc["revision"], held)
+                self._set_final(st, t, int(n), int(revision))
+                return False
             self._set_final(st, t, doc["n"], doc["revision"])
+            await self.publish(doc)
+            await self.store.confirm_final(c.id, a.name, t, doc["revision"])
             if doc["latency_seconds"] is not None and doc["revision"] == 0:
                 self.metrics.estimate_latency.labels(doc["trigger"]).observe(doc["latency_seconds"])
+            if not doc["complete"]:
+                self.metrics.incomplete_finals.labels(c.id, a.name).inc()
+                log.error("%s/%s step %s: final revision %s published incomplete (n=%s): %s", c.id, a.name, t,
+                          doc["revision"], doc["n"], doc["incomplete"])
         else:
+            await self.publish(doc)
             st.published[t] = (doc["n"], False)
         self.metrics.estimates_published.labels("true" if doc["final"] else "false").inc()
         if t >= st.latest_t and (doc["n"] > 0 or st.latest_t < 0):
             st.latest_t = t
             await self.store.set_latest_estimate(c.id, a.name, doc)
             self._export(c, a, doc)
+        return True
+
+    # ------------------------------------------------------------------ when a step is due
+    def _grace_over(self, c: Campaign, st: _AttrState, t: int, s: StepState, now: float) -> bool:
+        """Whether a step without a watermark is past its grace: a wall-clock step ``lateness_seconds`` after its
+        window (:func:`due_at`); a logical step ``lateness_seconds`` after stream time passed it (a later step's
+        reports were counted), later if its own reports keep arriving. Never by the clock alone."""
+        if s["wall"]:
+            return now >= due_at(c, t, s)
+        passed = st.passed.get(t)
+        if passed is None:
+            if self._stream_high.get(c.id, -1) <= t:
+                return False
+            passed = st.passed[t] = now
+        return now >= max(passed, s.get("last_ts") or 0.0) + c.lateness_seconds
+
+    async def _caught_up(self, st: _AttrState, t: int) -> bool:
+        """Whether the count store holds everything the broker had for step ``t`` when it became due: the
+        recorded position of every partition of ``ldp.reports`` is past that partition's end offset then (the
+        step's *barrier*, taken at its first look; taken again if the topic went back, a recreated topic)."""
+        if self.stream is None:
+            return True
+        try:
+            if self._progress is None:
+                ends = await self.stream.report_ends()
+                positions = {p: off for p, (off, _) in (await self.store.positions(self.app_id,
+                                                                                 self.reports_topic)).items()}
+                self._progress = (positions, ends)
+        except Exception as exc:  # noqa: BLE001 - Redis errors fail the tick; a broker away holds the finals
+            if time.monotonic() - self._progress_warned > 30.0:
+                self._progress_warned = time.monotonic()
+                log.warning("cannot read the end offsets of %s (%s): no step is final by lateness until the "
+                            "broker answers", self.reports_topic, exc)
+            return False
+        positions, ends = self._progress
+        barrier = st.barrier.get(t)
+        if barrier is None or any(ends.get(p, 0) < off for p, off in barrier.items()):
+            barrier = st.barrier[t] = dict(ends)
+        return all(positions.get(p, -1) + 1 >= off for p, off in barrier.items() if off > 0)
 
     def _export(self, c: Campaign, a: Attribute, doc: dict[str, Any]) -> None:
         m = self.metrics

@@ -9,13 +9,13 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import shutil
 import time
 import urllib.request
 import uuid
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from devtools.workers import (WorkerProcess, estimate_history, final_estimates, produce_messages, read_counts,
                               unique_campaign_file, wait_for_counts, wait_until)
@@ -95,7 +95,8 @@ def test_same_envelope_sent_three_times_is_counted_once(local_stack, tmp_path) -
 
 
 def test_resumed_fleet_resending_a_step_is_counted_once(local_stack, tmp_path) -> None:
-    """A fleet killed after sending step 0 but before committing it re-sends step 0 when resumed."""
+    """A fleet killed after sending step 0 but before committing it re-sends step 0 when resumed: the very
+    same bytes (private mode too: the step was written to the state directory before it was sent)."""
     path = unique_campaign_file(CAMPAIGN, tmp_path)
     campaign = Campaign.load(path)
     app_id = f"eo-{uuid.uuid4().hex[:6]}"
@@ -104,22 +105,34 @@ def test_resumed_fleet_resending_a_step_is_counted_once(local_stack, tmp_path) -
     state = tmp_path / "fleet-state"
     devices, batch = 20_000, 6_000  # 4 batches per attribute (the last one short)
 
-    def config() -> FleetConfig:  # private mode: the re-sent step has fresh noise, the ids are the same
+    def config() -> FleetConfig:  # private mode
         return FleetConfig(campaign, devices, 1, batch_size=batch, seed=None, state_dir=state)
+
+    class Killed(Exception):
+        pass
+
+    def killed(t: int) -> None:
+        raise Killed(f"killed after sending step {t}, before committing it")
 
     with _worker(local_stack, app_id, tmp_path, path) as w:
         first = Fleet(config())
-        first_summary = asyncio.run(publish(first, boot, topic=topic, partitions=2))
-        # the kill: the step was sent but its commit never happened (roll the committed pointer back)
-        (state / "fleet.json").unlink()
-        shutil.rmtree(state / "step-000000")
+        first.commit = killed  # type: ignore[method-assign]
+        with pytest.raises(Killed):
+            asyncio.run(publish(first, boot, topic=topic, partitions=2))
+        drawn = first.draw(0)  # what it sent (the drawn step, never drawn again)
+        first.close()
+        assert json.loads((state / "fleet.json").read_text())["next_step"] == 0
         second = Fleet(config())
-        assert not second.resumed and second.next_step == 0
+        assert second.resumed and second.resent_step == 0 and second.next_step == 0
         assert second.producer_id == first.producer_id  # kept in the state directory
         second_summary = asyncio.run(publish(second, boot, topic=topic))
-        assert second_summary.batches == first_summary.batches == 4 * len(campaign.attributes)
+        second.close()
+        assert second_summary.batches == 4 * len(campaign.attributes)
 
-        expected = {k: (v["support"], v["n"]) for k, v in first_summary.per_step.items()}
+        expected = {(d.attribute, 0): (d.support, d.n) for d in drawn}
+        assert set(second_summary.per_step) == set(expected)
+        for key, rec in second_summary.per_step.items():
+            assert np.array_equal(rec["support"], expected[key][0])  # the same reports were sent again
         wait_for_counts(redis_url, campaign.id, expected, timeout=30)
         for attr in campaign.attributes:
             wait_until(lambda: _duplicates(_metrics(w), campaign.id, attr), lambda v: v == 4, 20,
@@ -130,7 +143,8 @@ def test_resumed_fleet_resending_a_step_is_counted_once(local_stack, tmp_path) -
             finals = wait_until(lambda: _finals(w, campaign.id, attr), lambda f: 0 in f, 20, f"a final of {attr}")
             assert finals[0]["n"] == devices
         # and the fleet committed step 0 with its producer id
-        assert json.loads((state / "fleet.json").read_text())["producer_id"] == first.producer_id
+        meta = json.loads((state / "fleet.json").read_text())
+        assert meta["producer_id"] == first.producer_id and meta["next_step"] == 1
 
 
 def test_fleet_without_state_dir_gets_a_fresh_producer_id() -> None:

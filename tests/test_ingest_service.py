@@ -351,10 +351,10 @@ def test_a_retry_after_a_crash_is_in_doubt_never_published_twice(env):
             await asyncio.sleep(0.4)
             doubt = await ledger.begin(slot, request, body)
             states.append(doubt.state)
-            await ledger.commit(doubt, 200, b'{"accepted":1,"in_doubt":true}', body)
+            await ledger.commit(doubt, 200, b'{"accepted":0,"in_doubt":1}', body)
             again = await ledger.begin(slot, request, body)
             states += [again.state, (await ledger.begin(slot, None, body)).state]  # a retry without the key
-            assert again.answer == (200, b'{"accepted":1,"in_doubt":true}')
+            assert again.answer == (200, b'{"accepted":0,"in_doubt":1}')
             return states
         finally:
             await store.close()
@@ -508,6 +508,57 @@ def test_a_partly_published_request_keeps_the_slots_of_its_published_reports(loc
     assert first[0] == 502 and first[1]["error"] == "partially_published" and first[1]["published"] == [0]
     assert retry == first and calls == [2, 1]  # the retry was answered from the record, nothing resent
     assert again_a[0] == 429 and only_b == (200, {"accepted": 1})
+
+
+def test_the_handler_answers_an_in_doubt_retry_as_not_accepted(local_stack):
+    """The handler whose first attempt claimed its record and slots and died before answering (here: its task was
+    cancelled while the broker had not acknowledged): a retry with the key after the lease is answered 200 with
+    ``accepted: 0`` and ``in_doubt: n`` (not as counted), and nothing is sent again."""
+    import asyncio
+
+    from prometheus_client import CollectorRegistry
+
+    from stream_app.ingest.handler import ReportHandler
+    from stream_app.ingest.limits import RequestLedger
+    from stream_app.ingest.metrics import IngestMetrics
+    from stream_app.store import CountStore
+
+    campaign = Campaign.load(unique_campaign_file(DATA, Path(local_stack.run_dir)))
+    authority = TokenAuthority(DeviceSecret.generate())
+    obj, _ = report(campaign, "opt_in", step_at(campaign, time.time()), 1, seed=43)
+    calls: list[int] = []
+
+    async def run() -> tuple[int, dict]:
+        store = CountStore.from_url(local_stack.info.redis_url)
+        stuck = asyncio.Event()
+
+        async def submit(items: list) -> int:
+            calls.append(len(items))
+            await stuck.wait()  # the broker never answers: the process dies here
+            return len(items)
+
+        handler = ReportHandler({campaign.id: campaign}, submit, IngestMetrics(CollectorRegistry()),
+                                authority=authority, ledger=RequestLedger(store, lease_seconds=0.3))
+        headers = {"authorization": f"Bearer {authority.issue(3600)}", "idempotency-key": "k-doubt"}
+        body = json.dumps([obj]).encode()
+
+        async def read(limit: int) -> bytes:
+            return body
+
+        try:
+            first = asyncio.ensure_future(handler.handle(headers, read))
+            while not calls:
+                await asyncio.sleep(0.01)
+            first.cancel()
+            await asyncio.sleep(0.4)  # past the first attempt's lease
+            reply = await handler.handle(headers, read)
+            return reply.status, json.loads(reply.body)
+        finally:
+            await store.close()
+
+    status, doc = asyncio.run(run())
+    assert status == 200 and doc["accepted"] == 0 and doc["in_doubt"] == 1, doc
+    assert calls == [1]  # not sent again
 
 
 def test_sigterm_answers_requests_in_flight_then_exits(env):

@@ -4,7 +4,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import shutil
 import threading
 import time
 import uuid
@@ -87,6 +86,7 @@ def test_fleet_resume_from_state_dir(tmp_path):
     first = Fleet(FleetConfig(**{**cfg, "steps": 2}, state_dir=tmp_path / "split"))
     assert not first.resumed
     list(first.run())
+    first.close()  # the state directory's lock (a second fleet on it is refused: tests/test_fleet_resume.py)
     meta = json.loads((tmp_path / "split" / "fleet.json").read_text())
     assert meta["next_step"] == 2 and (tmp_path / "split" / meta["snapshot"]).is_dir()
     resumed = Fleet(FleetConfig(**{**cfg, "steps": 2}, state_dir=tmp_path / "split"))
@@ -99,19 +99,20 @@ def test_fleet_resume_from_state_dir(tmp_path):
         assert (a is None) == (b is None)
         if a is not None:
             assert np.array_equal(a.keys, b.keys) and np.array_equal(a.seen, b.seen)
-    # another seed resumed from the saved state keeps the devices' memo keys: same PRR outputs
-    shutil.copytree(tmp_path / "split", tmp_path / "other")
-    other = Fleet(FleetConfig(**{**cfg, "seed": 999}, state_dir=tmp_path / "other"))
+    resumed.close()
+    # the resumed devices kept their memo keys: the same PRR outputs as the uninterrupted fleet, other keys not
     fresh = Fleet(FleetConfig(**{**cfg, "seed": 999}))
     values = np.random.default_rng(0).integers(0, 2, 4_000)
-    assert np.array_equal(_prr(other, values), _prr(full, values))
+    assert np.array_equal(_prr(resumed, values), _prr(full, values))
     assert np.mean(_prr(fresh, values) != _prr(full, values)) > 0.05
-    assert np.array_equal(other.memoized_counts("flag"), full.memoized_counts("flag"))
-    # a state directory of another campaign or fleet size is refused
+    assert np.array_equal(resumed.memoized_counts("flag"), full.memoized_counts("flag"))
+    # a state directory of another campaign or fleet size, or made with another seed, is refused
     with pytest.raises(FleetStateError, match="campaign"):
         Fleet(FleetConfig(_campaign("another"), 4_000, 1, state_dir=tmp_path / "split"))
     with pytest.raises(FleetStateError, match="devices"):
         Fleet(FleetConfig(camp, 3_000, 1, state_dir=tmp_path / "split"))
+    with pytest.raises(FleetStateError, match="--seed 5; this run has --seed 999"):
+        Fleet(FleetConfig(**{**cfg, "seed": 999}, state_dir=tmp_path / "split"))
 
 
 def test_fleet_config_errors():
@@ -212,13 +213,15 @@ def test_publish_paces_to_rate_and_resumes(local_stack, tmp_path):
     topic = f"prod-rate-{uuid.uuid4().hex[:8]}"
     cfg = FleetConfig(camp, n_devices=10_000, steps=2, batch_size=2_000, rate=50_000.0, seed=1,
                       state_dir=tmp_path / "state")
-    summary = asyncio.run(publish(cfg, bootstrap, topic, partitions=1))
+    summary = asyncio.run(publish(cfg, bootstrap, topic, partitions=1))  # closes the fleet it made
     assert summary.reports_sent == 20_000
     assert summary.seconds >= 0.9 * 20_000 / 50_000 and summary.rate <= 1.1 * 50_000
     # the memo state was committed after the acknowledged steps; a new run continues at t = 2
-    fleet = Fleet(FleetConfig(camp, n_devices=10_000, steps=1, state_dir=tmp_path / "state", seed=1))
+    fleet = Fleet(FleetConfig(camp, n_devices=10_000, steps=1, batch_size=2_000, state_dir=tmp_path / "state",
+                              seed=1))  # the options that shape batches as before (another batch size is refused)
     assert fleet.resumed and list(fleet.step_range) == [2]
     again = asyncio.run(publish(fleet, bootstrap, topic))
+    fleet.close()
     assert again.steps == [2] and set(again.per_step) == {("flag", 2)}
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -247,9 +248,11 @@ def test_no_final_with_n_zero(local_stack) -> None:
         for t in (2, 3):
             await _count(h.store, cid, t)
             await _close(h.store, cid, t)
-        docs = await h.tick(now=None)  # step 0 (no batch time) is due by lateness at wall-clock time
+        docs = await h.tick(now=None)  # step 0 (no batch, no watermark) waits for its grace after stream time
         assert sorted(d["t"] for d in docs) == [2, 3]
         assert all(d["n"] > 0 for d in docs)
+        assert await h.store.retention_floor(cid, "a") == 0  # step 0 is open: nothing below it is pruned
+        assert await h.tick(now=time.time() + campaign.lateness_seconds + 1) == []  # its grace is over: settled
         assert set(await h.store.estimates(cid, "a")) == {2, 3}
         assert await h.store.retention_floor(cid, "a") == 1  # 3 - 3 + 1: step 0 is pruned, settled or not
         assert await h.store.steps_from(cid, "a", 0) == [1, 2, 3]
@@ -412,7 +415,8 @@ async def _measure_memory(url: str) -> dict[str, dict[str, int]]:
                 await _close(store, cid, t)
                 doc = build_estimate(c, c.attribute("a"), t, state, t + 1, final=True, trigger="watermark",
                                      now=1.7e9, closed_ts=1.7e9, worker="0123456789ab")
-                await store.record_final(cid, "a", t, doc)
+                await store.claim_final(cid, "a", doc, token=1)
+                await store.confirm_final(cid, "a", t, 0)
             for name, key in (("history entry (final JSON)", estimates_key(cid, "a")),
                               ("finals index entry", finals_key(cid, "a")),
                               ("step index entry", steps_key(cid, "a")),

@@ -357,23 +357,30 @@ def test_lateness_finalization_revisions_and_lease(local_stack, tmp_path):
         other = Estimator({c.id: c}, CountStore.from_url(redis_url), Metrics(), publish, app_id=f"lease-{tag}",
                           worker_id="b")
         try:
-            # a logical step (t=3: its wall-clock window is long past) and a wall-clock step; start well
-            # clear of a step boundary, or the wall-clock step would close during the first ticks
+            # a logical step (t=3: a fleet's numbering) and a wall-clock step (a batch of the HTTP ingest); start
+            # well clear of a step boundary, or the wall-clock step would close during the first ticks
             to_boundary = (math.floor(time.time() / T) + 1) * T - time.time()
             if to_boundary < 2.0:
                 time.sleep(to_boundary + 0.1)
             t_wall = math.floor(time.time() / T)
-            for t, off in ((3, 1), (t_wall, 2)):
-                await store.apply_batch(c.id, "opt_in", t, np.array([40, 60]), 100, f"b:{t}:{off}")
+            await store.apply_batch(c.id, "opt_in", 3, np.array([40, 60]), 100, "b:3:1")
+            await store.apply_batch(c.id, "opt_in", t_wall, np.array([40, 60]), 100, "http:b-wall")
             now = time.time()
             docs = await est.tick(now=now + L - 0.5)
-            assert {(d["t"], d["final"]) for d in docs} == {(3, False), (t_wall, False)}
+            assert {(d["t"], d["final"], d["clock"]) for d in docs} == {(3, False, "logical"), (t_wall, False, "wall")}
             assert await other.tick(now=now) == []  # b does not hold the lease
             assert await est.tick(now=now + L - 0.4) == []  # nothing changed: nothing published
-            docs = await est.tick(now=now + L + 0.5)
-            assert [(d["t"], d["final"], d["trigger"]) for d in docs] == [(3, True, "lateness")]
-            docs = await est.tick(now=(t_wall + 1) * T + L + 0.01)
+            # a logical step is never final by the clock alone: stream time must pass it (a later step's reports);
+            # the wall-clock step is, by its window
+            later = max(now + 10 * L, (t_wall + 1) * T + L) + 1
+            docs = await est.tick(now=later)
             assert [(d["t"], d["final"], d["trigger"]) for d in docs] == [(t_wall, True, "lateness")]
+            await store.apply_batch(c.id, "opt_in", 4, np.array([1, 1]), 2, "b:4:1")
+            docs = await est.tick(now=later + 1)  # stream time passed step 3: its grace begins
+            assert [(d["t"], d["final"]) for d in docs] == [(4, False)]
+            assert await est.tick(now=later + 1 + L - 0.1) == []
+            docs = await est.tick(now=later + 1 + L + 0.1)
+            assert [(d["t"], d["final"], d["trigger"]) for d in docs] == [(3, True, "lateness")]
             # late data after the final estimate: a revision
             await store.apply_batch(c.id, "opt_in", 3, np.array([10, 0]), 10, "b:3:late")
             docs = await est.tick()
@@ -392,8 +399,9 @@ def test_lateness_finalization_revisions_and_lease(local_stack, tmp_path):
             # hand-over: b takes the lease and does not republish the finals
             await est.release()
             n_sent = len(sent)
-            assert await other.tick() == [] and other.is_leader
-            assert len(sent) == n_sent
+            docs = await other.tick()  # the open step 4 gets b's first (non-final) estimate
+            assert other.is_leader and [(d["t"], d["final"]) for d in docs] == [(4, False)]
+            assert [d for d in sent[n_sent:] if d["final"]] == []
         finally:
             await est.release()
             await other.release()

@@ -7,6 +7,7 @@ time_step_seconds = 10.0     # length of one time step t
 lateness_seconds = 2.0       # how long a closed step still accepts reports
 max_batch_reports = 1000000  # a larger batch is rejected ("oversized")
 retention_steps = 60480      # steps kept in Redis (default: 7 days of steps, see below)
+max_steps_ahead = 1000       # how far past the newest final step a batch's step may be (see below)
 
 [[attributes]]
 name = "app_version"         # [A-Za-z0-9_.-]{1,64}
@@ -39,7 +40,7 @@ The campaign fingerprint (a hash of the id, the step length and each attribute's
 parameters) identifies the data contract; each attribute's protocol fingerprint travels in every
 batch envelope and is checked by the stream app, so a producer with other parameters is
 rejected, never counted. Server-side settings (``lateness_seconds``, ``max_batch_reports``,
-``retention_steps``, labels, description) are not part of it: devices and fleets store the
+``retention_steps``, ``max_steps_ahead``, labels, description) are not part of it: devices and fleets store the
 fingerprint in their state directories, and changing how long the server keeps counts must not
 invalidate them.
 
@@ -52,6 +53,18 @@ steps kept (README, "Retention"), so a step count bounds it for logical and wall
 alike; counting final steps (not step numbers) means a gap, a wall-clock step among logical ones
 or a far-future ``t`` deletes nothing early. The default is 7 days of steps,
 ``ceil(604800 / time_step_seconds)``.
+
+Steps bounded in time (``max_steps_ahead``, A, default 1000): a batch or watermark of a logical step
+more than A steps past the campaign's newest final step, or of a wall-clock step (the HTTP ingest's)
+more than A steps past the current wall-clock step, is rejected as ``future_step`` and never counted,
+so it can neither open a step nobody will close nor move the retention floor. Before a campaign's
+first final (and after a store loss, until the worker rebuilt the finals from ``ldp.estimates``)
+logical steps are not bounded: no reference is known yet.
+
+Lateness (``lateness_seconds``) is the *grace* after stream time passes a step: a step without a
+watermark becomes final once a later step's data was counted (a logical step), or its wall-clock
+window ended (a wall-clock step), plus the lateness, and only when the count store holds everything
+the broker had by then (``stream_app.windows``).
 
 :func:`step_at` is the time step of a wall-clock time, ``t = floor(now / time_step_seconds)``:
 the step a device SDK stamps on a report and the stream app's HTTP ingest assumes when a report
@@ -78,7 +91,8 @@ __all__ = ["Attribute", "Campaign", "CampaignError", "Group", "DEFAULT_RETENTION
            "load_campaigns", "step_at"]
 
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
-_CAMPAIGN_KEYS = {"id", "time_step_seconds", "lateness_seconds", "max_batch_reports", "retention_steps", "description"}
+_CAMPAIGN_KEYS = {"id", "time_step_seconds", "lateness_seconds", "max_batch_reports", "retention_steps",
+                  "max_steps_ahead", "description"}
 #: The shortest time step: the wall-clock step ``floor(now / time_step_seconds)`` must fit the envelope's
 #: 32-bit ``t`` (``2**32 - 1`` steps of 1 s reach the year 2106; 0.1 s steps overflowed in 1983).
 MIN_TIME_STEP_SECONDS = 1.0
@@ -134,6 +148,7 @@ class Campaign:
     groups: dict[str, Group] = field(default_factory=dict)
     # None (the default) is replaced by default_retention_steps(time_step_seconds) in __post_init__
     retention_steps: int = None  # type: ignore[assignment]
+    max_steps_ahead: int = 1000
 
     def __post_init__(self) -> None:
         if self.retention_steps is None:
@@ -142,6 +157,10 @@ class Campaign:
                 or self.retention_steps < 1:
             raise CampaignError(f"retention_steps must be an integer >= 1 (the number of steps kept, counted back "
                                 f"from the newest final step), got {self.retention_steps!r}")
+        if isinstance(self.max_steps_ahead, bool) or not isinstance(self.max_steps_ahead, int) \
+                or self.max_steps_ahead < 1:
+            raise CampaignError(f"max_steps_ahead must be an integer >= 1 (how many steps past the newest final step "
+                                f"a batch may be), got {self.max_steps_ahead!r}")
 
     @property
     def fingerprint(self) -> str:
@@ -270,7 +289,8 @@ class Campaign:
                 attrs[m] = Attribute(m, ks[m], view, labels_of[m], group=gname)
         attrs = {(e.get("name")): attrs[e.get("name")] for e in raw}  # the file's order
         return cls(cid, attrs, step, late, max_batch, str(head.get("description", "")), data,
-                   retention_steps=head.get("retention_steps"), groups=groups)  # validated by __post_init__
+                   retention_steps=head.get("retention_steps"), groups=groups,  # validated by __post_init__
+                   max_steps_ahead=head.get("max_steps_ahead", 1000))
 
     @classmethod
     def load(cls, path: str | Path) -> "Campaign":

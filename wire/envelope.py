@@ -8,7 +8,8 @@ step. Layout (little-endian)::
     | protocol (u8 len + utf-8) | batch_id (u8 len + utf-8) | payload
 
 ``kind`` is ``REPORTS`` (payload = ``proto.encode(reports)``) or ``WATERMARK`` (no payload:
-the sender will send no more reports for steps ``<= t`` of that attribute). ``batch_id`` is the
+the sender will send no more reports for step ``t`` of that attribute; its ``count`` is how many
+reports of the step it sent in all, 0 if it does not say). ``batch_id`` is the
 producer's stable id of a REPORTS batch (the fleet: ``<producer>:<t>:<attribute>:<index>``, the
 HTTP ingest: a fresh unique id): the count store applies each id at most once, so a re-sent batch
 (retry, resumed producer, a redelivery after a crash, a replay from Kafka) is never counted twice.
@@ -22,6 +23,7 @@ labels the rejection topic and metrics). The Kafka message key of an envelope is
 """
 from __future__ import annotations
 
+import hashlib
 import struct
 from dataclasses import dataclass
 
@@ -35,7 +37,17 @@ from .errors import (REASONS, BadPayload, BadVersion, EnvelopeError, MalformedBa
 from .topics import message_key
 
 __all__ = ["MAGIC", "VERSION", "REPORTS", "WATERMARK", "MAX_STEP", "Envelope", "EnvelopeError", "REASONS", "pack",
-           "pack_reports", "pack_watermark", "parse", "validate", "message_ident", "decode_reports"]
+           "pack_reports", "pack_watermark", "parse", "validate", "message_ident", "ident_of", "decode_reports",
+           "INGEST_BATCH_PREFIX", "is_wall_clock"]
+
+#: Batch ids of the HTTP ingest begin with this (``http:<uuid4 hex>``): its steps are wall-clock steps,
+#: ``t = floor(now / time_step_seconds)``, where a fleet numbers logical steps 0, 1, 2, ...
+INGEST_BATCH_PREFIX = "http:"
+
+
+def is_wall_clock(batch_id: str) -> bool:
+    """Whether a batch came from the HTTP ingest (its step is a wall-clock step)."""
+    return batch_id.startswith(INGEST_BATCH_PREFIX)
 
 MAGIC = b"LDPB"
 # 2: reports randomized from ChaCha20 streams under 256-bit keys, SHE as integer discrete-Laplace
@@ -89,10 +101,12 @@ def pack_reports(campaign: Campaign, attribute: str, t: int, reports: np.ndarray
                 batch_id=batch_id)
 
 
-def pack_watermark(campaign: Campaign, attribute: str, t: int) -> bytes:
-    """Watermark envelope: no more reports of ``attribute`` for steps ``<= t`` from this sender."""
+def pack_watermark(campaign: Campaign, attribute: str, t: int, count: int = 0) -> bytes:
+    """Watermark envelope: no more reports of ``attribute`` for step ``t`` from this sender, which sent ``count``
+    reports of it in all (0: not stated). A step closed with fewer reports counted than its watermark states lost
+    some in the broker: its final says ``complete: false``."""
     proto = campaign.attribute(attribute).protocol
-    return pack(campaign.id, attribute, proto.name, proto.fingerprint, t, 0, b"", kind=WATERMARK)
+    return pack(campaign.id, attribute, proto.name, proto.fingerprint, t, int(count), b"", kind=WATERMARK)
 
 
 def parse(blob: bytes | memoryview) -> Envelope:
@@ -142,7 +156,7 @@ def validate(env: Envelope, campaigns: dict[str, Campaign]) -> Campaign:
                                f"{attr.protocol.fingerprint} for {env.attribute!r}")
     if env.kind == REPORTS and not env.batch_id:
         raise MissingBatchId("a batch of reports must carry its producer's batch id (it is counted at most once)")
-    if env.count > campaign.max_batch_reports:
+    if env.kind == REPORTS and env.count > campaign.max_batch_reports:
         raise OversizedBatch(f"{env.count} reports exceed max_batch_reports={campaign.max_batch_reports}")
     return campaign
 
@@ -151,6 +165,20 @@ def message_ident(env: Envelope) -> str:
     """What names a message independently of its offset: the batch id, or ``wm:<attribute>:<t>`` for a
     watermark (the count store records it with a consumer position, to recognize that message again)."""
     return env.batch_id if env.kind == REPORTS else f"wm:{env.attribute}:{env.t}"
+
+
+def ident_of(value: bytes | None) -> str:
+    """:func:`message_ident` of a message's bytes, or ``raw:<digest>`` for one that does not parse (or has no batch
+    id): what a consumer position records for any message, rejected ones included."""
+    try:
+        if value is not None:
+            env = parse(value)
+            ident = message_ident(env)
+            if ident:
+                return ident
+    except EnvelopeError:
+        pass
+    return "raw:" + hashlib.blake2b(value or b"", digest_size=12).hexdigest()
 
 
 def decode_reports(env: Envelope, campaign: Campaign) -> np.ndarray:

@@ -13,7 +13,8 @@ from typing import Any, ClassVar
 from estimators.errors import LDPError
 
 __all__ = ["EnvelopeError", "MalformedBatch", "BadVersion", "UnknownCampaign", "UnknownAttribute", "WrongProtocol",
-           "WrongFingerprint", "TruncatedBatch", "OversizedBatch", "BadPayload", "BadJson", "REASONS"]
+           "WrongFingerprint", "TruncatedBatch", "OversizedBatch", "BadPayload", "BadJson", "ExpiredStep",
+           "FutureStep", "REASONS"]
 
 
 class EnvelopeError(LDPError):
@@ -79,10 +80,16 @@ class ExpiredStep(EnvelopeError, reason="expired"):
     into a fresh hash could count a re-sent batch twice, since the step's batch ids are gone."""
 
 
+class FutureStep(EnvelopeError, reason="future_step"):
+    """A batch or watermark for a step further ahead than the campaign's ``max_steps_ahead`` (past its newest final
+    step, or past the wall-clock step for the HTTP ingest's steps): it could open a step that never closes or
+    move the retention floor past real steps."""
+
+
 class BadJson(EnvelopeError, reason="bad_json"):
     """A single-report request that is not the expected JSON object."""
 
 
 REASONS: tuple[str, ...] = tuple(cls.reason for cls in (
     MalformedBatch, BadVersion, UnknownCampaign, UnknownAttribute, WrongProtocol, WrongFingerprint,
-    TruncatedBatch, OversizedBatch, BadPayload, MissingBatchId, ExpiredStep, BadJson))
+    TruncatedBatch, OversizedBatch, BadPayload, MissingBatchId, ExpiredStep, FutureStep, BadJson))

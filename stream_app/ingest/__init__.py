@@ -49,8 +49,9 @@ its record and its rate-limit slots in one Redis round trip before publishing, t
   retry publishes;
 * the first attempt's *process died* (SIGKILL, host loss) after claiming and before storing its answer:
   its reports were published or not, nobody knows, and the slots say "sent". A retry within the lease
-  (publish timeout + 5 s) gets 409, after it 200 ``{"accepted": n, "in_doubt": true}``: nothing is
-  published again, so the reports are counted at most once (possibly lost, never twice). A retry without
+  (publish timeout + 5 s) gets 409, after it 200 ``{"accepted": 0, "in_doubt": n}`` (``n`` reports whose fate
+  is unknown: not accepted by this answer, and not to be sent again): nothing is published again, so the
+  reports are counted at most once (possibly lost, never twice). A retry without
   the key is refused by its slots (429);
 * Redis lost its data (restart without persistence): slots and records are gone, a retry publishes again
   (a report may count twice); the same holds for a produce request that reached the broker but whose

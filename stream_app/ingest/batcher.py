@@ -117,7 +117,7 @@ class Batcher:
                 for i in range(0, len(reports), step):
                     # a fresh unique batch id: the store applies it at most once
                     blob = envelope.pack_reports(campaign, attr, t, reports[i:i + step],
-                                                 batch_id=f"http:{uuid.uuid4().hex}")
+                                                 batch_id=f"{envelope.INGEST_BATCH_PREFIX}{uuid.uuid4().hex}")
                     sends.append(self.send_reports(message_key(t, attr), blob))
                     owners.append(key)
             except Exception as exc:  # noqa: BLE001 - its requests fail, the others go on

@@ -233,9 +233,11 @@ class ReportHandler:
             return self.refuse(429, "rate_limited", "a device sends one report per (campaign, attribute, t): another "
                                "request already sent one", conflicts=adm.conflicts)
         if adm.state == "in_doubt":
-            reply = _doc(200, {"accepted": n, "in_doubt": True, "detail": "the process that took the first request "
+            # not "accepted": nobody knows whether the first attempt's reports reached the broker (a client must
+            # not read this as counted, nor send them again under another key: they may be counted already)
+            reply = _doc(200, {"accepted": 0, "in_doubt": n, "detail": "the process that took the first request "
                                "with this Idempotency-Key stopped before answering: its reports were published at "
-                               "most once and are not published again"})
+                               "most once, possibly not at all, and are not published again"})
         else:
             try:
                 reply = await self._publish(items, n)
