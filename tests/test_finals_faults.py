@@ -484,10 +484,15 @@ class Run:
             rev0 = [d for d in docs if int(d.get("revision", 0)) == 0]
             if len(rev0) == 1 and rev0[0]["n"] == n and all(d.get("complete", True) for d in docs):
                 continue
+            same = ""
+            if len(rev0) > 1:  # an unchanged republication, or two different finals?
+                differ = sorted({f for d in rev0[1:] for f in set(d) | set(rev0[0]) if d.get(f) != rev0[0].get(f)})
+                same = f" [the {len(rev0)} revision-0 messages are " + (
+                    "identical]" if not differ else f"different in {', '.join(differ)}]")
             lines.append(f"  {key[0]} t={key[1]} truth n={n}: " + ("no final" if not docs else "; ".join(
                 f"rev {d.get('revision')} n={d['n']} {d.get('trigger')} by {d.get('worker')}"
                 f"{' fence ' + str(d['fence']) if 'fence' in d else ''}"
-                f"{' complete=' + str(d['complete']) if 'complete' in d else ''}" for d in docs)))
+                f"{' complete=' + str(d['complete']) if 'complete' in d else ''}" for d in docs)) + same)
         return "finals off, per step:\n" + "\n".join(lines[:30]) if lines else ""
 
     def logs(self, lines: int = 15) -> str:
