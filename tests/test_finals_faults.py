@@ -565,9 +565,9 @@ def _stall_lease_holder(run: Run) -> None:
 
 
 #: name -> (what, inject), in this order, each in the middle of a step once the store caught up after the
-#: previous one (one fault at a time). The deleted AOF comes last, far from the cut one: a second Redis data loss
-#: seconds after the replay of a first can leave the workers holding the stream without replaying (seen on
-#: 2026-11-26: counts short for good; ``LDP_FINALS_FAULTS=redis_kill_aof_cut,redis_kill_aof_deleted``).
+#: previous one (one fault at a time). The deleted AOF comes last, far from the cut one: an AOF deleted seconds
+#: after the replay that followed a cut one leaves counts short for good (seen before and after 7a960fc, issue 18;
+#: ``LDP_FINALS_FAULTS=redis_kill_aof_cut,redis_kill_aof_deleted`` shows it).
 ACCEPTANCE_1 = {
     "redis_kill": ("Redis SIGKILL, AOF kept", _redis_kill),
     "redis_kill_aof_cut": ("Redis SIGKILL, AOF cut to half", _redis_kill_aof_cut),
