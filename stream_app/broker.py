@@ -124,7 +124,9 @@ class TopicReader:
         consumer = await self._client()
         ends = await consumer.end_offsets(tps)
         starts = await consumer.beginning_offsets(tps)
-        todo = {tp: max(int(starts[tp]), int(since.get(tp.partition, 0))) for tp in tps}
+        # from where the store read last, or from the start where the topic is shorter than that (recreated)
+        todo = {tp: max(int(starts[tp]), int(since.get(tp.partition, 0)) if since.get(tp.partition, 0) <= ends[tp]
+                        else 0) for tp in tps}
         todo = {tp: off for tp, off in todo.items() if off < ends[tp]}
         docs: list[dict[str, Any]] = []
         if todo:

@@ -300,7 +300,7 @@ class Estimator:
         fences), rebuild the finals the store lost from ``ldp.estimates``, then load the finals index."""
         self._state = {}
         store = self.store
-        self._server = await store.server_id()
+        server = await store.server_id()  # recorded once the load succeeded: a failed one is done again
         for c in self.campaigns.values():
             await store.raise_fence(c.id, self.fence)
         await self._rebuild_from_topic()
@@ -326,6 +326,7 @@ class Estimator:
                     st.latest_t = int(latest.get("t", -1))
                 self._state[(c.id, a.name)] = st
                 self.metrics.retention_floor.labels(c.id, a.name).set(st.floor)
+        self._server = server
 
     async def _rebuild_from_topic(self) -> None:
         """Record in the store every final on ``ldp.estimates`` it does not know (it lost them: an AOF that lost
