@@ -438,11 +438,15 @@ class Estimator:
 
     async def _republish_pending(self, c: Campaign, a: Attribute) -> None:
         """Publish again, unchanged, the claimed finals whose publication was not confirmed (a holder that
-        failed or died between claiming and the broker's acknowledgement): same key, same document."""
+        failed or died between claiming and the broker's acknowledgement): same key, same document. Those the
+        estimates topic holds already (the broker stored it, its answer was lost) are only confirmed."""
         pending = await self.store.pending_finals(c.id, a.name)
         if not pending:
             return
         self._pending_seen = True
+        if self.stream is not None:
+            await self._rebuild_from_topic()  # clears the marks of the finals found on the topic
+            pending = await self.store.pending_finals(c.id, a.name)
         ts = sorted(pending)
         for t, doc in zip(ts, await self.store.final_estimates(c.id, a.name, ts)):
             if doc is not None and int(doc.get("revision", 0)) == pending[t]:
