@@ -1,6 +1,7 @@
 """ChaCha20 kernels against RFC 8439's published vectors and the ``cryptography`` library."""
 from __future__ import annotations
 
+import functools
 import warnings
 
 import numpy as np
@@ -93,12 +94,18 @@ def test_stream_word_extends_a_prefix_consistently():
 
 
 def _stream_word(key, a, prefix, j, cache):
+    return _stream_word_kernel()(key, a, prefix, j, cache)
+
+
+@functools.cache
+def _stream_word_kernel():
+    """``R.stream_word`` called from a numba kernel, compiled once (a kernel defined per call compiled 40 times)."""
     import numba as nb
 
     @nb.njit
     def one(key, a, prefix, j, cache):
         return R.stream_word(key, R.BITFLIP_J, a, prefix, j, cache)
-    return one(key, a, prefix, j, cache)
+    return one
 
 
 def test_keys_are_256_bit_from_the_os_csprng():
