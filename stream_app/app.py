@@ -105,6 +105,11 @@ class Pipeline:
         self.earliest_offsets: Callable[[list[int]], Awaitable[dict[int, int]]] | None = None
         self.fetch_ident: Callable[[int, int], Awaitable[str | None]] | None = None
         self.stream_view: StreamView | None = None  # the broker as the estimator reads it (stream_app.broker)
+        # partition -> the offset its first message must have after the positions were restored, and a seek there
+        self.replay_from: dict[int, int] = {}
+        self._reseeks: dict[int, int] = {}
+        self.progress_at: dict[int, float] = {}  # partition -> when a message of it was last handled (monotonic)
+        self.reseek: Callable[[int, int], None] | None = None
         self.processed = 0
         self._store: CountStore | None = None
         self._estimator: Estimator | None = None
@@ -173,6 +178,9 @@ class Pipeline:
         """Apply one Kafka message; returns ``"applied" | "duplicate" | "watermark" | "empty" | "rejected" | "held"``
         (``"held"``: not applied because the store lost data and a replay is pending)."""
         self.processed += 1
+        self.progress_at[partition] = time.monotonic()
+        if partition in self.replay_from and not self._at_replay_start(partition, offset):
+            return "held"
         now = time.time()
         lag, lag_s = self._lag(partition)
         if timestamp:
@@ -264,6 +272,30 @@ class Pipeline:
         return "duplicate"
 
     # ------------------------------------------------------------------ positions and replay
+    def _at_replay_start(self, partition: int, offset: int) -> bool:
+        """After positions were restored (:meth:`start_offsets`), the first message of a partition must be the one
+        at its start offset. One fetched before the seek (Faust delivers what it buffered, then drops every
+        offset below the last it delivered: seen after a broker lost its topic) is not handled, and the partition
+        is sought to its start again, after every such message; after 1,000 of them (a start offset no message
+        has any more) the stream goes on from what arrives."""
+        want = self.replay_from[partition]
+        if offset == want or self._reseeks.get(partition, 0) >= 1000:
+            if offset != want:
+                log.error("partition %s: no message at offset %s after 1,000 seeks; going on at %s", partition, want,
+                          offset)
+            del self.replay_from[partition]
+            self._reseeks.pop(partition, None)
+            return True
+        if offset < want:  # handled before the restore: the store holds it
+            return False
+        self._reseeks[partition] = self._reseeks.get(partition, 0) + 1
+        if self._reseeks[partition] == 1:
+            log.warning("partition %s: offset %s arrived first after the positions were restored to %s (fetched "
+                        "before the seek): not handled; seeking to %s again", partition, offset, want, want)
+        if self.reseek is not None:
+            self.reseek(partition, want)
+        return False
+
     async def _handled(self, partition: int, offset: int, value: bytes | None, position: Position | None = None) -> None:
         """Record a message that counted nothing (rejected, empty) as handled: the stream's progress
         (:meth:`Estimator.stream_caught_up <stream_app.windows.Estimator>`) must pass it too."""
@@ -335,6 +367,7 @@ class Pipeline:
             try:
                 await self._check_redis_restart()
                 await self._check_anchors()
+                await self._check_stalls()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - the broker or Redis may be down: look again next time
@@ -342,8 +375,10 @@ class Pipeline:
 
     async def _check_anchors(self) -> None:
         """The broker lost data under this worker? A partition whose log start passed a message not yet handled
-        (retention deleted it), whose end went below a handled offset, or whose anchor message is gone (the
-        topic was recreated) is an unrepairable loss (:meth:`broker_lost`); the latter two are also replayed."""
+        (retention deleted it), or whose anchor message is gone (the topic was recreated, offsets went back) is
+        an unrepairable loss (:meth:`broker_lost`); the latter is also replayed from the new incarnation's start.
+        (Not the recorded position against the end offset: tansu's memory storage, restarted, has served a
+        message at its own end offset.)"""
         if not self.anchors or self.fetch_ident is None:
             return
         parts = sorted(self.anchors)
@@ -363,6 +398,29 @@ class Pipeline:
             if await self.fetch_ident(p, offset) != ident and self.anchors.get(p) == (offset, ident):
                 await self.topic_recreated(p, offset, ident)
                 return
+
+    async def _check_stalls(self, after: float = 5.0) -> None:
+        """An assigned partition with messages waiting past the store's position, none of them handled for
+        ``after`` seconds while Redis answers, is sought to that position again (seen after a broker lost its
+        topic: a consumer left fetching beyond the new incarnation's end, where tansu answers nothing)."""
+        if self.stream_view is None or self.reseek is None or not self.assigned or self.resyncing \
+                or self.health.has("redis") or self.health.has("store_retry"):
+            return
+        now = time.monotonic()
+        stalled = [p for p in self.assigned if now - self.progress_at.setdefault(p, now) > after]
+        if not stalled:
+            return
+        ends = await self.stream_view.report_ends()
+        recorded = await self.store.positions(self.app_id, self.topics.reports)
+        earliest = await self.earliest_offsets(stalled) if self.earliest_offsets else {}
+        for p in stalled:
+            start = recorded[p][0] + 1 if p in recorded else earliest.get(p, 0)
+            if ends.get(p, 0) > start:
+                log.warning("partition %s: messages %s..%s wait and none was handled for %.0f s: seeking to %s again", p,
+                            start, ends[p] - 1, now - self.progress_at[p], start)
+                self.replay_from[p], self._reseeks[p] = start, 0
+                self.reseek(p, start)
+            self.progress_at[p] = now
 
     async def broker_lost(self, partitions: list[int], why: str) -> None:
         """An unrepairable broker loss: the ``unrepairable_loss`` alarm (``GET /status``), the metric, an error in
@@ -444,10 +502,11 @@ class Pipeline:
                     "recreated (a broker that lost its data); replaying its new incarnation from the start",
                     partition, offset, ident)
         self.metrics.topic_incarnations_total.inc()
-        await self.broker_lost(sorted(self.anchors), f"the reports topic was recreated under this worker (partition "
-                                                     f"{partition}: the message read at offset {offset} is gone)")
+        mine = sorted(set(self.anchors) | set(self.assigned) | {partition})
+        await self.broker_lost(mine, f"the reports topic was recreated under this worker (partition {partition}: the "
+                                     f"message read at offset {offset} is gone)")
         self.resyncing = True
-        await self._retry(self.store.forget_positions, self.app_id, self.topics.reports, sorted(self.anchors))
+        await self._retry(self.store.forget_positions, self.app_id, self.topics.reports, mine)
         await self._request_replay()
 
     async def start_offsets(self, partitions: list[int]) -> dict[int, int]:
@@ -741,6 +800,17 @@ def create_app(settings: WorkerSettings, *, campaigns: dict[str, Campaign] | Non
     pipe.earliest_offsets, pipe.fetch_ident, pipe.request_replay = earliest_offsets, reader.ident_at, request_replay
     pipe.stream_view = reader
 
+    def reseek(partition: int, offset: int) -> None:
+        """Seek ``partition`` to ``offset`` once Faust has recorded the message it is delivering (soon after)."""
+        tp = faust.types.TP(topics.reports, partition)
+
+        def later() -> None:
+            app.consumer._read_offset[tp] = None  # type: ignore[attr-defined]
+            asyncio.ensure_future(app.consumer.seek_wait({tp: offset}))
+        asyncio.get_running_loop().call_soon(later)
+
+    pipe.reseek = reseek
+
     @app.on_rebalance_complete.connect
     async def restore_positions(sender: Any, **kwargs: Any) -> None:
         # Faust seeks every assigned partition to its committed offset right after this signal: commit the
@@ -754,6 +824,10 @@ def create_app(settings: WorkerSettings, *, campaigns: dict[str, Campaign] | Non
             # aiokafka's seek_to_committed leaves a committed offset of 0 alone: seek ourselves, in the consumer's
             # thread (seek_wait runs there, between fetches; Consumer.seek would race the fetcher)
             await app.consumer.seek_wait({tp: targets[tp.partition] for tp in tps})
+            for tp in tps:  # Faust drops offsets below the last it delivered: the replay starts lower
+                app.consumer._read_offset[tp] = None  # type: ignore[attr-defined]
+            pipe.replay_from, pipe._reseeks = {tp.partition: targets[tp.partition] for tp in tps}, {}
+            pipe.progress_at = {tp.partition: time.monotonic() for tp in tps}
             log.info("restored positions from the store: %s", {tp.partition: targets[tp.partition] for tp in tps})
         pipe.last_offsets, pipe.applied_offsets, pipe.anchors = {}, {}, {}
         try:  # the Redis server whose positions were just read: a later restart is checked against it
