@@ -107,7 +107,7 @@ class Pipeline:
         self.stream_view: StreamView | None = None  # the broker as the estimator reads it (stream_app.broker)
         # partition -> the offset its first message must have after the positions were restored, and a seek there
         self.replay_from: dict[int, int] = {}
-        self._reseeks: dict[int, int] = {}
+        self._reseeks: dict[int, tuple[int, int]] = {}  # partition -> (seeks, the offset that came first last time)
         self.progress_at: dict[int, float] = {}  # partition -> when a message of it was last handled (monotonic)
         self.reseek: Callable[[int, int], None] | None = None
         self.processed = 0
@@ -276,20 +276,20 @@ class Pipeline:
         """After positions were restored (:meth:`start_offsets`), the first message of a partition must be the one
         at its start offset. One fetched before the seek (Faust delivers what it buffered, then drops every
         offset below the last it delivered: seen after a broker lost its topic) is not handled, and the partition
-        is sought to its start again, after every such message; after 1,000 of them (a start offset no message
-        has any more) the stream goes on from what arrives."""
+        is sought to its start again, after every such message. The same offset arriving first again right after
+        a seek means the broker has nothing at the start offset (deleted meanwhile): the stream goes on there."""
         want = self.replay_from[partition]
-        if offset == want or self._reseeks.get(partition, 0) >= 1000:
+        count, last = self._reseeks.get(partition, (0, -1))
+        if offset == want or (offset == last and offset > want):
             if offset != want:
-                log.error("partition %s: no message at offset %s after 1,000 seeks; going on at %s", partition, want,
-                          offset)
+                log.warning("partition %s: no message at offset %s any more; going on at %s", partition, want, offset)
             del self.replay_from[partition]
             self._reseeks.pop(partition, None)
             return True
         if offset < want:  # handled before the restore: the store holds it
             return False
-        self._reseeks[partition] = self._reseeks.get(partition, 0) + 1
-        if self._reseeks[partition] == 1:
+        self._reseeks[partition] = (count + 1, offset)
+        if count == 0:
             log.warning("partition %s: offset %s arrived first after the positions were restored to %s (fetched "
                         "before the seek): not handled; seeking to %s again", partition, offset, want, want)
         if self.reseek is not None:
@@ -399,7 +399,7 @@ class Pipeline:
                 await self.topic_recreated(p, offset, ident)
                 return
 
-    async def _check_stalls(self, after: float = 5.0) -> None:
+    async def _check_stalls(self, after: float = 10.0) -> None:
         """An assigned partition with messages waiting past the store's position, none of them handled for
         ``after`` seconds while Redis answers, is sought to that position again (seen after a broker lost its
         topic: a consumer left fetching beyond the new incarnation's end, where tansu answers nothing)."""
@@ -418,7 +418,8 @@ class Pipeline:
             if ends.get(p, 0) > start:
                 log.warning("partition %s: messages %s..%s wait and none was handled for %.0f s: seeking to %s again", p,
                             start, ends[p] - 1, now - self.progress_at[p], start)
-                self.replay_from[p], self._reseeks[p] = start, 0
+                self.replay_from[p] = start
+                self._reseeks.pop(p, None)
                 self.reseek(p, start)
             self.progress_at[p] = now
 
