@@ -29,7 +29,8 @@ Keys (the braces are a Redis Cluster hash tag: all keys of a campaign live in on
   partition a worker handled (the consumer position is restored from it, not from Kafka's commits);
 * ``ldp:{estimator:<app_id>}:lease``: the estimator lease (value: ``<holder's worker id>|<fencing token>``);
 * ``ldp:{estimator:<app_id>}:fence``: the counter of the lease's fencing tokens (one per acquisition);
-* ``ldp:{<campaign>}:fence``: the highest fencing token that claimed a final of the campaign;
+* ``ldp:{<campaign>}:fence:<app_id>``: the highest fencing token of the app's lease that claimed a final of the
+  campaign;
 * ``ldp:{<campaign>}:newest-final``: the campaign's newest final logical step (the step bound's reference);
 * ``ldp:{<campaign>}:<attribute>:pending``: hash ``t -> revision`` of the claimed finals not yet confirmed published;
 * ``ldp:estimates-read:<app_id>``: hash ``partition -> offset``, how far the finals on ``ldp.estimates`` are
@@ -468,9 +469,10 @@ def fence_counter_key(app_id: str) -> str:
     return f"ldp:{{estimator:{app_id}}}:fence"
 
 
-def fence_key(campaign: str) -> str:
-    """The highest fencing token that claimed a final of the campaign: an older holder's claims are refused."""
-    return f"ldp:{{{campaign}}}:fence"
+def fence_key(campaign: str, app_id: str) -> str:
+    """The highest fencing token of ``app_id``'s estimator lease that claimed a final of the campaign: an older
+    holder's claims are refused. Per consumer group: each has its own lease and its own tokens."""
+    return f"ldp:{{{campaign}}}:fence:{app_id}"
 
 
 def pending_key(campaign: str, attribute: str) -> str:
@@ -986,21 +988,22 @@ class CountStore:
         """How many steps were pruned from the attribute's step index (all below the retention floor)."""
         return int(await self.redis.hget(pruned_key(campaign, attribute), "count") or 0)
 
-    async def claim_final(self, campaign: str, attribute: str, doc: dict[str, Any], token: int) -> tuple[int, str]:
-        """Claim a final (``doc``: its estimate, with ``t``, ``n`` and ``revision``) for the lease holder of fencing
-        token ``token``, in one script: ``(CLAIMED, "")`` and the final is in the history, the finals index and
+    async def claim_final(self, campaign: str, attribute: str, doc: dict[str, Any], token: int,
+                          app_id: str) -> tuple[int, str]:
+        """Claim a final (``doc``: its estimate, with ``t``, ``n`` and ``revision``) for the holder of ``app_id``'s
+        estimator lease with fencing token ``token``, in one script: ``(CLAIMED, "")`` and the final is in the history, the finals index and
         the pending finals (publish it, then :meth:`confirm_final`); ``(CLAIM_EXISTS, "<n>:<revision>")`` if this
         or a later revision of the step was claimed before; ``(CLAIM_STALE, "<fence>")`` if a holder with a newer
         token claimed a final of the campaign (this one lost the lease)."""
         t = int(doc["t"])
         status, detail = await self._claim_final(
-            keys=self._final_keys(campaign, attribute),
+            keys=self._final_keys(campaign, attribute, app_id),
             args=[int(token), t, int(doc["revision"]), int(doc["n"]), json.dumps(doc),
                   "1" if doc.get("clock") == "wall" else "0"])
         return int(status), detail.decode() if isinstance(detail, bytes) else str(detail)
 
-    def _final_keys(self, campaign: str, attribute: str) -> list[str]:
-        return [fence_key(campaign), finals_key(campaign, attribute), estimates_key(campaign, attribute),
+    def _final_keys(self, campaign: str, attribute: str, app_id: str) -> list[str]:
+        return [fence_key(campaign, app_id), finals_key(campaign, attribute), estimates_key(campaign, attribute),
                 pending_key(campaign, attribute), newest_final_key(campaign)]
 
     async def confirm_final(self, campaign: str, attribute: str, t: int, revision: int) -> None:
@@ -1012,17 +1015,17 @@ class CountStore:
         raw = await self.redis.hgetall(pending_key(campaign, attribute))
         return {int(t): int(rev) for t, rev in raw.items()}
 
-    async def restore_final(self, campaign: str, attribute: str, doc: dict[str, Any]) -> bool:
+    async def restore_final(self, campaign: str, attribute: str, doc: dict[str, Any], app_id: str) -> bool:
         """Record a final read back from ``ldp.estimates`` unless the store knows a later revision (or the step is
         expired); clear its pending mark. Returns whether the history changed."""
         return bool(await self._restore_final(
-            keys=self._final_keys(campaign, attribute) + [floor_key(campaign, attribute)],
+            keys=self._final_keys(campaign, attribute, app_id) + [floor_key(campaign, attribute)],
             args=[int(doc.get("fence") or 0), int(doc["t"]), int(doc.get("revision", 0)), int(doc["n"]),
                   json.dumps(doc), "1" if doc.get("clock") == "wall" else "0"]))
 
-    async def raise_fence(self, campaign: str, token: int) -> None:
-        """Refuse the claims of older lease holders from now on (a new holder, before it reads anything)."""
-        await self._raise_floor(keys=[fence_key(campaign)], args=[int(token)])
+    async def raise_fence(self, campaign: str, app_id: str, token: int) -> None:
+        """Refuse the claims of ``app_id``'s older lease holders from now on (a new holder, before it reads)."""
+        await self._raise_floor(keys=[fence_key(campaign, app_id)], args=[int(token)])
 
     async def estimates_read(self, app_id: str) -> dict[int, int]:
         """How far (``partition -> offset``) the finals on ``ldp.estimates`` are known to the store."""

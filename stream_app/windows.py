@@ -302,7 +302,7 @@ class Estimator:
         store = self.store
         server = await store.server_id()  # recorded once the load succeeded: a failed one is done again
         for c in self.campaigns.values():
-            await store.raise_fence(c.id, self.fence)
+            await store.raise_fence(c.id, self.app_id, self.fence)
         await self._rebuild_from_topic()
         for c in self.campaigns.values():
             newest = await store.newest_final(c.id)
@@ -342,7 +342,7 @@ class Estimator:
             a = c.attributes.get(doc.get("attribute")) if c is not None else None
             if a is None or not isinstance(doc.get("t"), int) or not isinstance(doc.get("n"), int):
                 continue
-            restored += await self.store.restore_final(c.id, a.name, doc)
+            restored += await self.store.restore_final(c.id, a.name, doc, self.app_id)
         await self.store.set_estimates_read(self.app_id, ends)
         if restored:
             log.warning("rebuilt %d finals from the estimates topic that the store did not hold (it lost data)",
@@ -618,7 +618,7 @@ class Estimator:
         confirmed. Returns whether it was published."""
         t = doc["t"]
         if doc["final"]:
-            status, held = await self.store.claim_final(c.id, a.name, doc, self.fence)
+            status, held = await self.store.claim_final(c.id, a.name, doc, self.fence, self.app_id)
             if status == CLAIM_STALE:
                 raise _Fenced(f"the campaign's fence is at token {held}, this holder's is {self.fence}")
             if status == CLAIM_EXISTS:  # claimed before this holder knew (a rebuilt or concurrent claim)

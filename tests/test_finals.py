@@ -88,12 +88,15 @@ def test_fencing_tokens_grow_and_a_stale_holder_cannot_claim(local_stack) -> Non
             b = await store.claim_lease(app, "b", 5.0)
             assert b > a
             doc = {"t": 0, "n": N, "revision": 0, "final": True}
-            assert await store.claim_final(c.id, "a", doc, b) == (CLAIMED, "")
-            assert await store.claim_final(c.id, "a", dict(doc, n=1), b) == (CLAIM_EXISTS, f"{N}:0")
-            assert (await store.claim_final(c.id, "a", dict(doc, t=1), a))[0] == CLAIM_STALE
+            assert await store.claim_final(c.id, "a", doc, b, app) == (CLAIMED, "")
+            assert await store.claim_final(c.id, "a", dict(doc, n=1), b, app) == (CLAIM_EXISTS, f"{N}:0")
+            assert (await store.claim_final(c.id, "a", dict(doc, t=1), a, app))[0] == CLAIM_STALE
             assert await store.pending_finals(c.id, "a") == {0: 0}
             await store.confirm_final(c.id, "a", 0, 0)
             assert await store.pending_finals(c.id, "a") == {}
+            # another consumer group (its own lease, its own tokens) is not fenced by this one's
+            assert (await store.claim_final(c.id, "a", dict(doc, t=1), 1, "another-app"))[0] == CLAIMED
+            await store.confirm_final(c.id, "a", 1, 0)
             # a store that lost the counter draws tokens above every earlier one (the counter starts at the clock)
             await store.release_lease(app, "b")
             await store.redis.delete(f"ldp:{{estimator:{app}}}:fence")

@@ -415,7 +415,7 @@ async def _measure_memory(url: str) -> dict[str, dict[str, int]]:
                 await _close(store, cid, t)
                 doc = build_estimate(c, c.attribute("a"), t, state, t + 1, final=True, trigger="watermark",
                                      now=1.7e9, closed_ts=1.7e9, worker="0123456789ab")
-                await store.claim_final(cid, "a", doc, token=1)
+                await store.claim_final(cid, "a", doc, token=1, app_id="memory")
                 await store.confirm_final(cid, "a", t, 0)
             for name, key in (("history entry (final JSON)", estimates_key(cid, "a")),
                               ("finals index entry", finals_key(cid, "a")),
