@@ -1,7 +1,7 @@
 """The settings of one stream-app worker, in one place: :class:`WorkerSettings`.
 
 Every worker option is a field of :class:`WorkerSettings` with its default, its environment variable
-and its ``ldp worker`` option; the CLI, the test harness (``devtools.workers.WorkerProcess``) and
+and its ``ldp worker`` option; the CLI, the test harness (``ldpstream_dev.workers.WorkerProcess``) and
 docker-compose all go through it. Precedence: command-line option > environment variable > default.
 
 - ``campaign_paths`` (required): ``LDP_CAMPAIGNS`` (``os.pathsep``-separated), ``--campaign`` / ``-c``

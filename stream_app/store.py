@@ -270,7 +270,7 @@ return {1, ''}
 """
 
 # KEYS as _CLAIM_FINAL, KEYS[6] = retention floor. ARGV = fence, t, revision, n, estimate JSON, wall. A final read
-# back from ldp.estimates (the record of what was published): recorded unless the store knows a later revision
+# back from ldpstream_cli.estimates (the record of what was published): recorded unless the store knows a later revision
 # or the step is below the floor; its pending mark (if it is the one pending) is cleared: it was published. The
 # campaign's fence is raised to the publisher's. Returns 1 if the history changed.
 _RESTORE_FINAL = """

@@ -8,7 +8,7 @@ defaults). Readiness: with ``ready_file`` set, the worker writes JSON there (pid
 ``web_url``, ``assigned`` partitions of the reports topic, topic names) once it owns partitions and
 serves HTTP, and rewrites it after every rebalance; it also logs
 ``ldp worker <id> owns ... partitions [...]; web http://...`` (WARNING level, so it shows at the
-default log level). ``devtools.workers.WorkerProcess`` runs it in a child process for tests,
+default log level). ``ldpstream_dev.workers.WorkerProcess`` runs it in a child process for tests,
 benchmarks and the demo.
 
 Outages (see also :mod:`stream_app.health`):

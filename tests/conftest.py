@@ -14,12 +14,12 @@ def rng() -> np.random.Generator:
 def local_stack(tmp_path_factory):
     """A real local stack (tansu broker + redis-server) shared by the whole session.
 
-    Yields the started ``devtools.stack.LocalStack``; ``local_stack.info`` has
+    Yields the started ``ldpstream_dev.stack.LocalStack``; ``local_stack.info`` has
     ``kafka_bootstrap`` ("127.0.0.1:PORT") and ``redis_url`` ("redis://127.0.0.1:PORT/0").
     The broker keeps its topics in the stack's run dir (durable storage, the default), which lives only
     as long as the session: tests should use their own topic and group names.
     """
-    from devtools.stack import LocalStack
+    from ldpstream_dev.stack import LocalStack
 
     stack = LocalStack(run_dir=tmp_path_factory.mktemp("local-stack"))
     stack.up(timeout=60.0, stop_on_exit=True)

@@ -13,19 +13,19 @@ import sys
 
 import aiokafka.admin  # noqa: F401 - imported once, by the forkserver (as what follows)
 
-import ldp.cli
+import ldpstream_cli.cli
 import producers.fleet  # noqa: F401
 import stream_app.health  # noqa: F401
 
 
 def run_cli(argv: list[str], log: str) -> None:
-    """``ldp *argv`` (``ldp.cli.app``), its output appended to ``log``, its exit status the process's."""
+    """``ldp *argv`` (``ldpstream_cli.cli.app``), its output appended to ``log``, its exit status the process's."""
     multiprocessing.set_start_method("fork", force=True)  # numba's process lock: not left to the resource tracker
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     try:
-        ldp.cli.app(args=argv, prog_name="ldp")
+        ldpstream_cli.cli.app(args=argv, prog_name="ldp")
         code = 0
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import estimators
-from ldp.options import build
+from ldpstream_cli.options import build
 from producers.datasets import zipf_weights as zipf_histogram
 
 REPS = 30

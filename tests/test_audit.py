@@ -568,8 +568,8 @@ def test_format_results_shows_round_and_claim() -> None:
 def test_cli_audit_rounds(monkeypatch: pytest.MonkeyPatch) -> None:
     from typer.testing import CliRunner
 
-    from ldp import cli
-    from ldp.cli import app
+    from ldpstream_cli import cli
+    from ldpstream_cli.cli import app
 
     monkeypatch.setattr(cli.console, "width", 240)  # no wrapping in the tables
     runner = CliRunner()

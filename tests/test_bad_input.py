@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from devtools.workers import WorkerProcess, unique_campaign_file, wait_for_counts
+from ldpstream_dev.workers import WorkerProcess, unique_campaign_file, wait_for_counts
 from wire import envelope as E
 from wire.campaign import Campaign
 from wire.topics import Topics

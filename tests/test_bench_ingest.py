@@ -1,4 +1,4 @@
-"""`ldp bench ingest` (ldp/bench_ingest.py): the load generator against a small server, and a smoke run of the
+"""`ldp bench ingest` (ldpstream_cli/bench_ingest.py): the load generator against a small server, and a smoke run of the
 whole bench against the real ingest on the local stack."""
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from ldp.bench_ingest import Point, PythonLoad, Workload, find_saturation
+from ldpstream_cli.bench_ingest import Point, PythonLoad, Workload, find_saturation
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -129,7 +129,7 @@ def test_bench_ingest_smoke(tmp_path):
     generator."""
     out = tmp_path / "bench.json"
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    cmd = [sys.executable, "-m", "ldp", "bench", "ingest", "--processes", "1", "--seconds", "0.5", "--warmup", "0.3",
+    cmd = [sys.executable, "-m", "ldpstream_cli", "bench", "ingest", "--processes", "1", "--seconds", "0.5", "--warmup", "0.3",
            "--start-clients", "4", "--max-clients", "8", "--batch", "100", "--generator", "python", "--worker",
            "--json", str(out)]
     t0 = time.monotonic()
@@ -156,7 +156,7 @@ def test_bench_ingest_at_a_given_rate_runs_only_the_open_loop_point(tmp_path):
     """``--rate``: one open-loop point per workload at that rate, no saturation search, no targets."""
     out = tmp_path / "bench.json"
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    cmd = [sys.executable, "-m", "ldp", "bench", "ingest", "--processes", "1", "--seconds", "1", "--warmup", "0.3",
+    cmd = [sys.executable, "-m", "ldpstream_cli", "bench", "ingest", "--processes", "1", "--seconds", "1", "--warmup", "0.3",
            "-w", "binary", "--rate", "300", "--half-clients", "16", "--generator", "python", "--json", str(out)]
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]

@@ -12,8 +12,8 @@ import sys
 
 import pytest
 
-from ldp import bench_peer
-from ldp.cli import _DEFAULT_SOLUTIONS, _solution_specs
+from ldpstream_cli import bench_peer
+from ldpstream_cli.cli import _DEFAULT_SOLUTIONS, _solution_specs
 
 SOLUTIONS = ("SPL[GRR]", "SMP[OUE]", "RS+FD[OUE-z]", "L-SPL[L-OSUE]", "ALLOMFREE")
 
@@ -33,7 +33,7 @@ def test_every_default_solution_has_a_peer_equivalent() -> None:
 
 def test_bench_protocols_prints_solution_ratios() -> None:
     assert bench_peer.peer_available(), "the peer is part of the bench extra: pip install -e '.[bench]'"
-    args = [sys.executable, "-m", "ldp", "bench", "protocols", "--ks", "2,5,20", "--n", "300",
+    args = [sys.executable, "-m", "ldpstream_cli", "bench", "protocols", "--ks", "2,5,20", "--n", "300",
             "--repeats", "1", "--peer-seconds", "0.05"]
     for s in SOLUTIONS:
         args += ["-s", s]

@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 import numpy as np
 import pytest
 
-from devtools.wire_vectors import VECTORS_PATH, campaign, generate, report_meaning, report_rows
+from ldpstream_dev.wire_vectors import VECTORS_PATH, campaign, generate, report_meaning, report_rows
 from estimators.errors import LDPError
 from estimators.randomness import SimulationWarning
 from producers.sdk import Device, IngestError

@@ -46,7 +46,7 @@ def _alive(pid: int) -> bool:
 def test_demo_cleans_up_on_sigterm(tmp_path):
     log = tmp_path / "demo.log"
     with open(log, "w") as out:
-        demo = subprocess.Popen([sys.executable, "-m", "ldp", "demo", "--devices", "2000", "--steps", "50",
+        demo = subprocess.Popen([sys.executable, "-m", "ldpstream_cli", "demo", "--devices", "2000", "--steps", "50",
                                  "--workers", "1", "--step-seconds", "1"], cwd=ROOT, stdout=out,
                                 stderr=subprocess.STDOUT, env={**os.environ, "COLUMNS": "120"})
     try:

@@ -261,13 +261,13 @@ def test_compose_commands_match_the_cli(services: dict[str, dict[str, Any]]) -> 
     """Every option the containers pass exists on the ``ldp`` subcommand they run."""
     import typer
 
-    from ldp.cli import app
+    from ldpstream_cli.cli import app
 
     group = typer.main.get_command(app)
     for name in ("worker", "ingest", "producer"):
         argv = _command(services[name])
         cmd = group.commands.get(argv[0])  # type: ignore[attr-defined]
-        assert cmd is not None, f"`ldp {argv[0]}` (run by the {name} service) is not a command of ldp.cli"
+        assert cmd is not None, f"`ldp {argv[0]}` (run by the {name} service) is not a command of ldpstream_cli.cli"
         known = {opt for p in cmd.params for opt in getattr(p, "opts", [])}
         unknown = set(_options(argv)) - known
         assert not unknown, f"`ldp {argv[0]}` has no option(s) {sorted(unknown)}; it has {sorted(known)}"

@@ -65,9 +65,9 @@ def test_seeded_fleet_is_labelled_simulation():
 
 
 def test_ldp_produce_defaults_to_os_entropy_and_labels_seeds():
-    from ldp.cli import produce
+    from ldpstream_cli.cli import produce
     assert inspect.signature(produce).parameters["seed"].default is None
-    from ldp.cli import app
+    from ldpstream_cli.cli import app
     out = CliRunner().invoke(app, ["produce", "--help"], terminal_width=200).output
     words = " ".join(out.replace("│", " ").split())  # rich wraps the help inside a box
     assert "NOT private" in words and "OS CSPRNG" in words

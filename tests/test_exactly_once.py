@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from devtools.workers import (WorkerProcess, estimate_history, final_estimates, produce_messages, read_counts,
+from ldpstream_dev.workers import (WorkerProcess, estimate_history, final_estimates, produce_messages, read_counts,
                               unique_campaign_file, wait_for_counts, wait_until)
 from producers.fleet import Fleet, FleetConfig, publish
 from wire import envelope as E

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from ldp.cli import app
-from ldp.experiments.runner import read_csv, run_tasks
+from ldpstream_cli.cli import app
+from ldpstream_cli.experiments.runner import read_csv, run_tasks
 
 pytestmark = pytest.mark.timeout(300)
 SIGMAS = 4.0
@@ -51,7 +51,7 @@ def _square(task: tuple[int, np.random.SeedSequence]) -> float:
 
 
 def test_results_do_not_depend_on_the_number_of_workers() -> None:
-    from ldp.experiments.runner import child_seeds
+    from ldpstream_cli.experiments.runner import child_seeds
 
     tasks = list(enumerate(child_seeds(7, "test", 6)))
     assert run_tasks(_square, tasks, "one", workers=1) == run_tasks(_square, tasks, "two", workers=2)

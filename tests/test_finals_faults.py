@@ -5,10 +5,10 @@ Each test runs a stack of its own (durable broker storage unless it says otherwi
 one consumer group (short session timeout, fast refresh) and the seeded fleet of ``ldp soak`` (3,000
 devices, a step every 0.5 s, each step's batches spread over it and followed by its watermarks), sent by
 :func:`producers.fleet.publish` in-process or by an ``ldp produce --seed --state-dir`` child
-(:class:`ldp.soak.ProducerProcess`), resumed from one state directory; it injects faults in the middle of
+(:class:`ldpstream_cli.soak.ProducerProcess`), resumed from one state directory; it injects faults in the middle of
 steps, and checks Redis and ``ldp.estimates`` (read again from the start) against
-:class:`ldp.soak.OfflineTruth`, the same fleet re-simulated offline (never the system under test), with
-:func:`ldp.soak.compare`: counts exact, exactly one revision-0 final message per step, its ``n`` the truth's,
+:class:`ldpstream_cli.soak.OfflineTruth`, the same fleet re-simulated offline (never the system under test), with
+:func:`ldpstream_cli.soak.compare`: counts exact, exactly one revision-0 final message per step, its ``n`` the truth's,
 no ``"complete": false``.
 
 * ``test_faults_leave_one_final_per_step_with_the_truths_n`` (acceptance 1), one fault at a time, each once
@@ -47,9 +47,9 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import pytest
 
-from devtools.stack import LocalStack
-from devtools.workers import WorkerProcess, consume_json, read_counts, wait_for_counts, wait_until
-from ldp.soak import OfflineTruth, ProducerProcess, SoakConfig, compare, soak_campaign
+from ldpstream_dev.stack import LocalStack
+from ldpstream_dev.workers import WorkerProcess, consume_json, read_counts, wait_for_counts, wait_until
+from ldpstream_cli.soak import OfflineTruth, ProducerProcess, SoakConfig, compare, soak_campaign
 from producers.fleet import ensure_topic, publish
 from stream_app.store import read_step_sync
 from wire.campaign import Campaign
@@ -456,7 +456,7 @@ class Run:
                                  f"faults: {self.fault_log}\n{self.logs(10)}") from None
 
     def check(self, published: list[dict[str, Any]] | None = None, fail: bool = True) -> dict[str, Any]:
-        """:func:`ldp.soak.compare` of Redis and ``ldp.estimates`` (read again from the start) with the truth;
+        """:func:`ldpstream_cli.soak.compare` of Redis and ``ldp.estimates`` (read again from the start) with the truth;
         fails the test on any problem (``fail=False``: the caller does, with ``out["message"]``)."""
         if published is None:
             published = [d for d in consume_json(self.bootstrap, ESTIMATES_TOPIC, idle_seconds=1.5, timeout=60)

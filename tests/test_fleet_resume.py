@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 
 import fleet_children
-from devtools.workers import WorkerProcess, unique_campaign_file, wait_for_counts
+from ldpstream_dev.workers import WorkerProcess, unique_campaign_file, wait_for_counts
 from producers.fleet import Fleet, FleetConfig, FleetStateError, PublishError, _retriable, publish
 from wire.campaign import Campaign
 from wire.envelope import REPORTS, WATERMARK, decode_reports, parse
@@ -307,10 +307,10 @@ def _killing(children: list[multiprocessing.Process]) -> Iterator[None]:
 
 
 def _ldp_produce(argv: list[str]) -> subprocess.CompletedProcess:
-    """``python -m ldp produce ...`` as a fresh process (how an operator runs it)."""
+    """``python -m ldpstream_cli produce ...`` as a fresh process (how an operator runs it)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(x for x in (str(ROOT), os.environ.get("PYTHONPATH")) if x),
            "COLUMNS": "200"}
-    return subprocess.run([sys.executable, "-m", "ldp", "produce", *argv], cwd=ROOT, env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "ldpstream_cli", "produce", *argv], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=120)
 
 
@@ -322,7 +322,7 @@ def test_private_fleet_sigkilled_at_20_points_counts_exact(local_stack, tmp_path
 
     The 20 runs are children of a multiprocessing forkserver that imported the CLI once (``fleet_children``: a
     fresh interpreter spends about 2 s starting): each runs the ``ldp produce`` command in-process with its
-    arguments. The batch-size refusal runs ``python -m ldp produce`` itself. Kill ``i`` waits until the run holds the state
+    arguments. The batch-size refusal runs ``python -m ldpstream_cli produce`` itself. Kill ``i`` waits until the run holds the state
     directory and step ``i * (STEPS - 2) // 20`` is drawn (fleet.json points to it) or passed, then a seeded
     random part of a step's sending time (up to 1.2 steps: some kills land in a commit or the next draw)."""
     steps, devices, batch, rate = 10, 2_000, 250, 40_000.0  # 8,000 reports a step: 0.2 s each at that rate

@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from devtools.processes import stop_child
-from devtools.workers import WorkerProcess, read_counts, unique_campaign_file, wait_for_counts
+from ldpstream_dev.processes import stop_child
+from ldpstream_dev.workers import WorkerProcess, read_counts, unique_campaign_file, wait_for_counts
 from stream_app.ingest.auth import RELAY, TOKEN_PREFIX, DeviceSecret, TokenAuthority
 from stream_app.settings import free_port
 from wire.campaign import Campaign, step_at
@@ -137,7 +137,7 @@ def env(local_stack, tmp_path_factory):
     envvars.update(local_stack.client_env(), LDP_DEVICE_SECRET_FILE=str(secret_file),
                    PYTHONPATH=os.pathsep.join(x for x in (str(ROOT), os.environ.get("PYTHONPATH", "")) if x))
     log = open(run / "ingest.log", "wb")
-    ingest = subprocess.Popen([sys.executable, "-m", "ldp", "ingest", "-c", str(camp_path), "--kafka",
+    ingest = subprocess.Popen([sys.executable, "-m", "ldpstream_cli", "ingest", "-c", str(camp_path), "--kafka",
                                info.kafka_bootstrap, "--redis", info.redis_url, "--topic-prefix", prefix,
                                "--port", str(port), "--processes", "2", "--loglevel", "info"],
                               stdout=log, stderr=subprocess.STDOUT, env=envvars, cwd=run, start_new_session=True)

@@ -1,7 +1,7 @@
 """The architecture, checked from the import graph (docs/architecture.md).
 
 Imports point one way: ``producers -> wire -> estimators <- stream_app`` (both sides may use
-``wire`` and ``estimators``), the dev stack (``devtools``) and the CLI (``ldp``) sit on top and
+``wire`` and ``estimators``), the dev stack (``ldpstream_dev``) and the CLI (``ldpstream_cli``, console script ``ldp``) sit on top and
 no runtime package imports them, and only the count store speaks Redis.
 """
 from __future__ import annotations
@@ -12,16 +12,16 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("estimators", "wire", "producers", "stream_app", "devtools", "ldp")
+PACKAGES = ("estimators", "wire", "producers", "stream_app", "ldpstream_dev", "ldpstream_cli")
 
 # package -> the project packages it must never import
 FORBIDDEN = {
-    "estimators": {"wire", "producers", "stream_app", "devtools", "ldp"},
-    "wire": {"producers", "stream_app", "devtools", "ldp"},
-    "producers": {"stream_app", "devtools", "ldp"},
-    "stream_app": {"producers", "devtools", "ldp"},
-    "devtools": {"ldp"},
-    "ldp": set(),
+    "estimators": {"wire", "producers", "stream_app", "ldpstream_dev", "ldpstream_cli"},
+    "wire": {"producers", "stream_app", "ldpstream_dev", "ldpstream_cli"},
+    "producers": {"stream_app", "ldpstream_dev", "ldpstream_cli"},
+    "stream_app": {"producers", "ldpstream_dev", "ldpstream_cli"},
+    "ldpstream_dev": {"ldpstream_cli"},
+    "ldpstream_cli": set(),
 }
 COUNT_STORE = "stream_app/store.py"
 

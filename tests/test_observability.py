@@ -1,6 +1,6 @@
 """Issue 12: observability proven with the real tools.
 
-A real Prometheus server (Debian's ``prometheus``, installed by :mod:`devtools.debian` when missing) runs the
+A real Prometheus server (Debian's ``prometheus``, installed by :mod:`ldpstream_dev.debian` when missing) runs the
 deployed configuration (``deploy/prometheus/prometheus.yml``: same jobs and relabelings, targets replaced by
 this module's worker and ingest service, 1 s scrapes) while a simulated fleet streams a campaign through the
 real broker and Redis. The tests read the pipeline's figures back through Prometheus's query API, run every
@@ -36,10 +36,10 @@ import numpy as np
 import pytest
 import yaml
 
-from devtools.debian import ToolUnavailable
-from devtools.prometheus import PrometheusServer, promtool_binary, prometheus_binary, render_config
-from devtools.processes import stop_child
-from devtools.workers import (WorkerProcess, estimate_history, final_estimates, produce_messages,
+from ldpstream_dev.debian import ToolUnavailable
+from ldpstream_dev.prometheus import PrometheusServer, promtool_binary, prometheus_binary, render_config
+from ldpstream_dev.processes import stop_child
+from ldpstream_dev.workers import (WorkerProcess, estimate_history, final_estimates, produce_messages,
                               unique_campaign_file, wait_for_counts, wait_until)
 from producers.fleet import FleetConfig, publish
 from stream_app.settings import free_port
@@ -112,7 +112,7 @@ def pipeline(local_stack, tmp_path_factory, prometheus_bin) -> Iterator[SimpleNa
     env = {k: v for k, v in os.environ.items() if not k.startswith("LDP_")}
     env.update(local_stack.client_env(), PYTHONPATH=str(ROOT))
     ingest = subprocess.Popen(
-        [sys.executable, "-m", "ldp", "ingest", "-c", str(path), "--kafka", info.kafka_bootstrap, "--redis",
+        [sys.executable, "-m", "ldpstream_cli", "ingest", "-c", str(path), "--kafka", info.kafka_bootstrap, "--redis",
          info.redis_url, "--topic-prefix", f"{app_id}-ingest.", "--port", str(ingest_port), "--processes", "1",
          "--open"], stdout=ingest_log, stderr=subprocess.STDOUT, env=env, cwd=run, start_new_session=True)
     ingest_url = f"http://127.0.0.1:{ingest_port}"
@@ -308,7 +308,7 @@ def test_metric_names_follow_prometheus_conventions(pipeline, service: str) -> N
 # ---------------------------------------------------------------------------- ldp top
 def test_ldp_top_prints_the_live_figures(pipeline) -> None:
     c = pipeline.campaign
-    out = subprocess.run([sys.executable, "-m", "ldp", "top", "--url", pipeline.worker.url, "--once"], cwd=ROOT,
+    out = subprocess.run([sys.executable, "-m", "ldpstream_cli", "top", "--url", pipeline.worker.url, "--once"], cwd=ROOT,
                          capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "160"})
     assert out.returncode == 0, out.stdout + out.stderr
     text = out.stdout
@@ -319,7 +319,7 @@ def test_ldp_top_prints_the_live_figures(pipeline) -> None:
         assert f"{c.id} / {attr}" in text, text
     assert text.count(f"t={STEPS - 1} final") == len(c.attributes) and text.count("ε∞=2.00") == len(c.attributes)
     assert "consumer lag" in text and "estimate latency" in text and "worst-case longitudinal" in text
-    down = subprocess.run([sys.executable, "-m", "ldp", "top", "--url", f"http://127.0.0.1:{free_port()}", "--once"],
+    down = subprocess.run([sys.executable, "-m", "ldpstream_cli", "top", "--url", f"http://127.0.0.1:{free_port()}", "--once"],
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert down.returncode == 1 and "no answer" in down.stdout
 
@@ -335,14 +335,14 @@ _CHARTS_JS = """[...document.querySelectorAll('figure.chart')].map(f => ({
 
 @pytest.fixture(scope="module")
 def chromium_bin() -> str:
-    from devtools.browser import chromium_binary
+    from ldpstream_dev.browser import chromium_binary
 
     return _installed_or_skip(chromium_binary)
 
 
 def test_dashboard_page_in_headless_chromium(pipeline, chromium_bin, tmp_path) -> None:
     """Runs last in this module: it streams MORE_STEPS more steps while the page is open."""
-    from devtools.browser import HeadlessChromium
+    from ldpstream_dev.browser import HeadlessChromium
 
     c = pipeline.campaign
     last = STEPS + MORE_STEPS - 1

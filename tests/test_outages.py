@@ -25,9 +25,9 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from devtools.probes import redis_ping
-from devtools.stack import LocalStack
-from devtools.workers import WorkerProcess, produce_messages, read_counts, unique_campaign_file, wait_for_counts, \
+from ldpstream_dev.probes import redis_ping
+from ldpstream_dev.stack import LocalStack
+from ldpstream_dev.workers import WorkerProcess, produce_messages, read_counts, unique_campaign_file, wait_for_counts, \
     wait_until
 from producers.fleet import FleetConfig, publish_sync
 from wire import envelope

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from devtools.workers import (WorkerProcess, estimate_history, final_estimates, unique_campaign_file, wait_for_counts,
+from ldpstream_dev.workers import (WorkerProcess, estimate_history, final_estimates, unique_campaign_file, wait_for_counts,
                               wait_until)
 from producers.fleet import FleetConfig, publish
 from wire.campaign import Campaign

@@ -1,4 +1,4 @@
-"""Redis Cluster: the count store on a real 3-master cluster (``devtools.cluster.LocalRedisCluster``).
+"""Redis Cluster: the count store on a real 3-master cluster (``ldpstream_dev.cluster.LocalRedisCluster``).
 
 The end-to-end test of ``test_pipeline`` (a fleet of 100000 devices, 5 steps of two attributes, two
 workers in one consumer group, exact counts against the offline truth, one final estimate per step)
@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from devtools.cluster import LocalRedisCluster, RedisReplyError, redis_command, slot_ranges
-from devtools.workers import read_counts
+from ldpstream_dev.cluster import LocalRedisCluster, RedisReplyError, redis_command, slot_ranges
+from ldpstream_dev.workers import read_counts
 from stream_app.store import (APPLIED, DUPLICATE_BATCH_ID, CountStore, _cluster_seeds, closed_ts_key, cluster_url,
                               count_key, estimates_key, is_cluster_url, latest_key, steps_key)
 from test_pipeline import STEPS, run_end_to_end  # the end-to-end test itself (tests/ is on sys.path)

@@ -7,7 +7,7 @@ import time
 import numpy as np
 import pytest
 
-from devtools.stack import LocalStack
+from ldpstream_dev.stack import LocalStack
 from stream_app.store import APPLIED, DUPLICATE_BATCH_ID, CountStore, read_step_sync
 
 pytestmark = pytest.mark.timeout(180)

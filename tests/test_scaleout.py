@@ -24,9 +24,9 @@ import numpy as np
 import pytest
 from aiokafka.partitioner import DefaultPartitioner
 
-from devtools.workers import (WorkerProcess, assignment_is_balanced, group_assignment, produce_messages,
+from ldpstream_dev.workers import (WorkerProcess, assignment_is_balanced, group_assignment, produce_messages,
                               unique_campaign_file, wait_for_balanced_group, wait_for_counts, wait_until)
-from ldp.bench_pipeline import spread_steps, worker_counts
+from ldpstream_cli.bench_pipeline import spread_steps, worker_counts
 from stream_app.app import create_app
 from stream_app.settings import WorkerSettings
 from wire import envelope as E

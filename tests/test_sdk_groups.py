@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import producers.sdk as sdk
-from devtools.workers import WorkerProcess, unique_campaign_file, wait_for_counts
+from ldpstream_dev.workers import WorkerProcess, unique_campaign_file, wait_for_counts
 from estimators import MultiState, make_solution
 from estimators.errors import LDPError
 from producers.sdk import BudgetExceeded, Device, DeviceStateError, IngestError

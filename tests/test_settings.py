@@ -45,7 +45,7 @@ def test_environment_round_trip_and_precedence():
 
 
 def test_every_setting_is_documented_and_is_an_ldp_worker_option():
-    from ldp.cli import app
+    from ldpstream_cli.cli import app
 
     doc = settings_mod.__doc__
     cmd = typer.main.get_command(app).commands["worker"]  # type: ignore[attr-defined]

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ldp.soak import FAULT_KINDS, SoakConfig, compare, soak_campaign
+from ldpstream_cli.soak import FAULT_KINDS, SoakConfig, compare, soak_campaign
 from wire.campaign import Campaign
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,7 +26,7 @@ DEMO = ROOT / "deploy" / "campaigns" / "demo.toml"
 
 
 def _soak_command(run_dir: Path, *args: str) -> list[str]:
-    return [sys.executable, "-m", "ldp", "soak", "--run-dir", str(run_dir), *args]
+    return [sys.executable, "-m", "ldpstream_cli", "soak", "--run-dir", str(run_dir), *args]
 
 
 def _processes_in(run_dir: Path) -> set[int]:

@@ -13,11 +13,11 @@ import xml.etree.ElementTree as ElementTree
 
 import pytest
 
-from devtools.binaries import broker_binary, redis_binary
-from devtools.errors import BinaryNotFoundError, StackError, StackStartupError
-from devtools.objectstore import make_server
-from devtools.processes import STATE_FILE, port_is_free
-from devtools.stack import BROKER_DATA_DIR, BROKER_STORAGE_ENV, LocalStack
+from ldpstream_dev.binaries import broker_binary, redis_binary
+from ldpstream_dev.errors import BinaryNotFoundError, StackError, StackStartupError
+from ldpstream_dev.objectstore import make_server
+from ldpstream_dev.processes import STATE_FILE, port_is_free
+from ldpstream_dev.stack import BROKER_DATA_DIR, BROKER_STORAGE_ENV, LocalStack
 
 pytestmark = pytest.mark.timeout(120)
 

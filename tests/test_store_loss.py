@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 import redis
 
-from devtools.stack import LocalStack
-from devtools.workers import (WorkerProcess, consume_json, produce_messages, read_counts, unique_campaign_file,
+from ldpstream_dev.stack import LocalStack
+from ldpstream_dev.workers import (WorkerProcess, consume_json, produce_messages, read_counts, unique_campaign_file,
                               wait_for_counts, wait_until)
 from wire import envelope as E
 from wire.campaign import Campaign

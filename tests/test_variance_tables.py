@@ -8,7 +8,7 @@ import pytest
 
 import estimators
 # the paper's Table 1 as printed: one copy, beside the experiment that plots it
-from ldp.experiments.numerical import N, TABLE1_COLUMNS as COLUMNS, TABLE1_PRINTED as TABLE1
+from ldpstream_cli.experiments.numerical import N, TABLE1_COLUMNS as COLUMNS, TABLE1_PRINTED as TABLE1
 
 TABLE2 = {  # eps: GRR(k=2) GRR(k=32) GRR(k=1024) OUE SUE
     0.5: "0.000392 0.007520 0.243240 0.001567 0.001592",

@@ -21,7 +21,7 @@ from typing import Any, Callable
 import numpy as np
 import pytest
 
-from devtools.workers import WorkerProcess, produce_messages, read_counts, unique_campaign_file, wait_for_counts
+from ldpstream_dev.workers import WorkerProcess, produce_messages, read_counts, unique_campaign_file, wait_for_counts
 from wire import envelope
 from wire.campaign import Campaign
 from wire.topics import Topics, message_key

@@ -190,7 +190,7 @@ def table(rows: Sequence[Row], title: str) -> Table:
 
 
 def register(group: typer.Typer) -> None:
-    """Add ``ldp experiment poisoning`` to the ``experiment`` group (created by :mod:`ldp.experiments`)."""
+    """Add ``ldp experiment poisoning`` to the ``experiment`` group (created by :mod:`ldpstream_cli.experiments`)."""
     from rich.console import Console
 
     console = Console()

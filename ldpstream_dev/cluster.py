@@ -1,7 +1,7 @@
 """A local Redis Cluster: three redis-server masters on free ports (tests, experiments).
 
 ``LocalRedisCluster()`` used as a context manager starts three ``redis-server`` processes (the
-binary of :func:`devtools.binaries.redis_binary`, the same as the local stack's) with
+binary of :func:`ldpstream_dev.binaries.redis_binary`, the same as the local stack's) with
 ``--cluster-enabled yes`` (Redis 7 or later: the cluster-bus port is given with ``--cluster-port``,
 a free one like the client port), each with its own directory (cluster config file ``nodes.conf``, AOF)
 under the run directory, and forms the cluster with plain commands (no ``redis-cli``): each node
@@ -11,9 +11,9 @@ It is ready once every node reports ``cluster_state:ok`` and knows all nodes. ``
 cluster URL that :mod:`stream_app.store` understands (``redis+cluster://127.0.0.1:P1,...``);
 exit stops every node and removes a run directory it created.
 
-It starts Redis only: a test runs the broker of a :class:`devtools.stack.LocalStack` next to it
+It starts Redis only: a test runs the broker of a :class:`ldpstream_dev.stack.LocalStack` next to it
 and points its workers' ``redis_url`` at ``cluster.url``. Forming the cluster takes a few admin
-commands, sent over RESP directly on a node's port (as :func:`devtools.probes.redis_ping` does):
+commands, sent over RESP directly on a node's port (as :func:`ldpstream_dev.probes.redis_ping` does):
 the data path goes through :mod:`stream_app.store` only.
 """
 from __future__ import annotations

@@ -24,7 +24,7 @@ server owns its directory while it runs: listings come from an index of what it 
 is one page unless ``max-keys`` asks for less.
 
 Run as ``python objectstore.py --root DIR --port PORT --bucket NAME`` (stdlib only, so it runs
-by file path without the project installed); :class:`devtools.stack.LocalStack` starts it.
+by file path without the project installed); :class:`ldpstream_dev.stack.LocalStack` starts it.
 """
 from __future__ import annotations
 

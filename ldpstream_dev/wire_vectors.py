@@ -1,6 +1,6 @@
 """Test vectors of the compact binary body (``docs/wire-format.md``): ``tests/data/wire-vectors.json``.
 
-``python -m devtools.wire_vectors [--out PATH]`` writes them: the campaign they use (its TOML text and
+``python -m ldpstream_dev.wire_vectors [--out PATH]`` writes them: the campaign they use (its TOML text and
 each attribute's protocol, parameters and fingerprint), valid bodies as hex with their decoded meaning
 (one or more sections, every protocol family, a grouped attribute, the receiving-time flag), and
 invalid bodies with the rejection reason a server must give. Reports come from the protocols'
@@ -301,7 +301,7 @@ def generate() -> dict[str, Any]:
     ]
     return {
         "format": "ldp-stream compact report body (application/x-ldp-reports), version 1: docs/wire-format.md",
-        "generator": "python -m devtools.wire_vectors (reports drawn in simulation mode: reproducible, not private)",
+        "generator": "python -m ldpstream_dev.wire_vectors (reports drawn in simulation mode: reproducible, not private)",
         "campaign_toml": CAMPAIGN_TOML,
         "attributes": {a.name: {"protocol": a.protocol.name, "params": a.protocol.params(),
                                 "fingerprint": a.protocol.fingerprint, "report_bytes": a.protocol.report_nbytes}

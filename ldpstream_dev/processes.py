@@ -186,7 +186,7 @@ class StackInfo:
     objects_url: str | None = None  # "http://127.0.0.1:PORT" of the object server (durable only)
     objects_pid: int | None = None
     objects_bin: str | None = None
-    # a stack with Kafka SASL / TLS (devtools/kafkagate.py in front of the broker): kafka_bootstrap is the
+    # a stack with Kafka SASL / TLS (ldpstream_dev/kafkagate.py in front of the broker): kafka_bootstrap is the
     # gateway's address, the broker listens on broker_port (loopback, never advertised); kafka_security is
     # the clients' KafkaSecurity.to_env() (password included: the state file is written mode 0600)
     broker_port: int | None = None

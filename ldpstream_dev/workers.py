@@ -1,6 +1,6 @@
 """Stream-app workers in child processes, for tests, benchmarks and the demo, and reading counts back.
 
-:class:`WorkerProcess` runs ``python -m ldp worker`` with its :class:`~stream_app.settings.WorkerSettings`
+:class:`WorkerProcess` runs ``python -m ldpstream_cli worker`` with its :class:`~stream_app.settings.WorkerSettings`
 passed as environment variables (``WorkerSettings.to_env``), so a test worker goes through the same
 entry point and settings as a deployed one. Kafka and Redis security (``LDP_KAFKA_*``, ``LDP_REDIS_PASSWORD`` ...,
 :mod:`wire.transport`) come from this process's environment, which the child inherits; the Kafka clients here
@@ -37,7 +37,7 @@ HARNESS_SESSION_TIMEOUT = 6.0
 
 
 class WorkerProcess:
-    """A worker in a child process (``python -m ldp worker``).
+    """A worker in a child process (``python -m ldpstream_cli worker``).
 
     ``start()`` launches it; ``wait_ready()`` waits for its ready file (``info`` then holds the ports
     and assigned partitions); ``stop()`` sends SIGTERM and waits (clean shutdown); ``kill()`` sends
@@ -58,7 +58,7 @@ class WorkerProcess:
         self.settings = WorkerSettings(
             campaign_paths=tuple(Path(p).resolve() for p in campaign_paths), kafka_bootstrap=kafka_bootstrap,
             redis_url=redis_url, ready_file=self.ready_file, data_dir=self.run_dir / f"{name}.data", **options)
-        self.command = [sys.executable, "-m", "ldp", "worker"]
+        self.command = [sys.executable, "-m", "ldpstream_cli", "worker"]
         self.proc: subprocess.Popen | None = None
         self.info: dict[str, Any] = {}
         self._log: IO[bytes] | None = None

@@ -80,8 +80,8 @@ def _interrupt(signum: int, frame: Any) -> None:
 
 def _run(campaign_path: Path, campaign: Campaign, devices: int, steps: int, workers: int, batch: int,
          step_seconds: float, seed: int | None, top: int, console: Console) -> int:
-    from devtools.stack import LocalStack
-    from devtools.workers import WorkerProcess
+    from ldpstream_dev.stack import LocalStack
+    from ldpstream_dev.workers import WorkerProcess
 
     run = Path(tempfile.mkdtemp(prefix="ldp-demo-"))
     stack = LocalStack(run_dir=run / "stack")

@@ -5,7 +5,7 @@ local processes: the same jobs, metrics paths and relabelings, each job's servic
 static targets (the job's ``host:port`` list given by the caller), a short scrape interval, and jobs the
 caller adds (a service the compose file does not run yet). :class:`PrometheusServer` runs the binary on
 a free loopback port with a temporary TSDB and answers PromQL through the HTTP query API; the binary
-comes from :func:`devtools.debian.ensure_binary`.
+comes from :func:`ldpstream_dev.debian.ensure_binary`.
 """
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 import estimators
-from devtools.stack import CLI_RUN_DIR
+from ldpstream_dev.stack import CLI_RUN_DIR
 from estimators.errors import LDPError
 from stream_app.settings import setting_specs
 
@@ -550,7 +550,7 @@ def bench_ingest(processes: Annotated[int, typer.Option(help="Processes of `ldp 
                  json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write the results here.")]
                  = None) -> None:
     """Requests/s, reports/s and p50/p99 latency of `ldp ingest` at saturation and at half of it (single JSON
-    reports, single binary reports, binary batches), with the local stack, in one run (ldp/bench_ingest.py)."""
+    reports, single binary reports, binary batches), with the local stack, in one run (ldpstream_cli/bench_ingest.py)."""
     from .bench_ingest import BenchConfig, main as bench_main
 
     cfg = BenchConfig(processes=processes, seconds=seconds, warmup=warmup, batch=batch,
@@ -602,8 +602,8 @@ def _stack_addresses(kafka: str | None, redis_url: str | None, need_redis: bool 
     """Broker and Redis addresses: the options, else those of `ldp stack up`."""
     if kafka and (redis_url or not need_redis):
         return kafka, redis_url
-    from devtools.errors import StackError
-    from devtools.stack import LocalStack
+    from ldpstream_dev.errors import StackError
+    from ldpstream_dev.stack import LocalStack
 
     try:
         info = LocalStack.from_run_dir(Path(run_dir)).info
@@ -798,8 +798,8 @@ def stack_up(run_dir: RUN_DIR = str(CLI_RUN_DIR),
     """Start the broker and Redis in the background; `ldp stack down` stops them."""
     import secrets
 
-    from devtools.errors import StackError
-    from devtools.stack import LocalStack
+    from ldpstream_dev.errors import StackError
+    from ldpstream_dev.stack import LocalStack
     from wire.transport import redact_url
 
     try:
@@ -818,8 +818,8 @@ def stack_up(run_dir: RUN_DIR = str(CLI_RUN_DIR),
 @stack_app.command("down")
 def stack_down(run_dir: RUN_DIR = str(CLI_RUN_DIR)) -> None:
     """Stop the broker and Redis started by `ldp stack up`."""
-    from devtools.errors import StackError
-    from devtools.stack import LocalStack
+    from ldpstream_dev.errors import StackError
+    from ldpstream_dev.stack import LocalStack
 
     try:
         LocalStack.from_run_dir(Path(run_dir)).down()
@@ -833,8 +833,8 @@ def stack_status(run_dir: RUN_DIR = str(CLI_RUN_DIR)) -> None:
     """Show whether the broker and Redis run and answer."""
     import json
 
-    from devtools.errors import StackError
-    from devtools.stack import LocalStack
+    from ldpstream_dev.errors import StackError
+    from ldpstream_dev.stack import LocalStack
 
     try:
         st = LocalStack.from_run_dir(Path(run_dir)).status()
@@ -847,7 +847,7 @@ from .ingest_cli import register as _register_ingest  # noqa: E402 - `ldp ingest
 
 _register_ingest(app)
 
-from .experiments import register as _register_experiments  # noqa: E402 - `ldp experiment ...` (ldp/experiments/)
+from .experiments import register as _register_experiments  # noqa: E402 - `ldp experiment ...` (ldpstream_cli/experiments/)
 
 _register_experiments(app)
 

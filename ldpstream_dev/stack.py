@@ -2,15 +2,15 @@
 
 ``LocalStack(...).up()`` starts the services as child processes in their own sessions (so a
 Ctrl-C in the parent's terminal does not reach them), waits until they really serve
-(:mod:`devtools.probes`), and writes ``run_dir/stack.json``; ``down()`` stops them (SIGTERM, then
+(:mod:`ldpstream_dev.probes`), and writes ``run_dir/stack.json``; ``down()`` stops them (SIGTERM, then
 SIGKILL) and removes that file. ``LocalStack.from_run_dir(run_dir)`` re-attaches to a stack started
 by another process, which is how ``ldp stack down`` in a second shell finds the services that
-``ldp stack up`` left running. Binaries: :mod:`devtools.binaries`; processes and the state file:
-:mod:`devtools.processes`.
+``ldp stack up`` left running. Binaries: :mod:`ldpstream_dev.binaries`; processes and the state file:
+:mod:`ldpstream_dev.processes`.
 
 Broker storage (``broker_storage``):
 
-- ``"durable"``: tansu's ``s3://`` engine against :mod:`devtools.objectstore`, a third service
+- ``"durable"``: tansu's ``s3://`` engine against :mod:`ldpstream_dev.objectstore`, a third service
   keeping the broker's objects as files in ``run_dir/broker-data``: topics, records at their
   offsets and committed group offsets survive ``restart_broker()`` (also by SIGKILL) and a
   ``down()`` / ``up()`` on the same run directory, as Redis keeps its AOF in ``run_dir``;
@@ -27,7 +27,7 @@ Secured services (``tests/test_secured.py``; the variables clients read: :mod:`w
   password, the ``default`` user switched off), from a configuration file in the run directory (mode 0600;
   the password is never on a command line); ``info.redis_url`` carries the credentials;
 - ``kafka_sasl`` (``SCRAM-SHA-512``, ``SCRAM-SHA-256`` or ``PLAIN``, user ``kafka_user``, password
-  ``kafka_password`` or a random one) puts :mod:`devtools.kafkagate` in front of the broker: tansu 0.6.0
+  ``kafka_password`` or a random one) puts :mod:`ldpstream_dev.kafkagate` in front of the broker: tansu 0.6.0
   cannot authenticate (its ``--authentication`` offers SCRAM only and its ``memory://``/``s3://`` engines
   store no SCRAM credentials, so every login fails; its ``--cert``/``--key`` flags are mutually exclusive and
   its listener never wraps TLS). tansu then listens on a loopback port that it does not advertise, the
@@ -85,7 +85,7 @@ CLUSTER_ID = "ldp-local"
 _BUCKET = "tansu"
 _OBJECT_SERVER = Path(__file__).with_name("objectstore.py")
 _GATEWAY = Path(__file__).with_name("kafkagate.py")
-#: SASL mechanisms of ``LocalStack(kafka_sasl=...)`` (served by :mod:`devtools.kafkagate`).
+#: SASL mechanisms of ``LocalStack(kafka_sasl=...)`` (served by :mod:`ldpstream_dev.kafkagate`).
 KAFKA_SASL_MECHANISMS = ("SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN")
 _REDIS_CONF = "redis-auth.conf"  # requirepass / ACL user (mode 0600)
 _GATEWAY_USERS = "kafka-users.json"  # SCRAM keys and PLAIN hashes, no password (mode 0600)
@@ -238,7 +238,7 @@ class LocalStack:
 
     @property
     def gated(self) -> bool:
-        """Whether Kafka clients go through :mod:`devtools.kafkagate` (SASL or TLS)."""
+        """Whether Kafka clients go through :mod:`ldpstream_dev.kafkagate` (SASL or TLS)."""
         return bool(self.kafka_sasl or self.tls)
 
     @property

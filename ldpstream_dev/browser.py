@@ -4,7 +4,7 @@
 GPU and none of its background network traffic, on a DevTools port it picks itself (read back from the
 profile's ``DevToolsActivePort``), and talks to one page over a WebSocket (aiohttp's client, already a
 dependency). It can open a URL, evaluate JavaScript, wait for a condition, collect the page's uncaught errors
-and save a full-page PNG screenshot. The binary comes from :func:`devtools.debian.ensure_binary`.
+and save a full-page PNG screenshot. The binary comes from :func:`ldpstream_dev.debian.ensure_binary`.
 """
 from __future__ import annotations
 

@@ -291,7 +291,7 @@ def run_scaling(protocol: str, k: int, steps: int, reports_per_step: int, batch:
     4, ... ``max_workers`` workers (:func:`worker_counts`), each measured ``runs`` times, in turns.
 
     Every row is a consumer group of its own (own topics). All groups start first: their workers are
-    ready, each group settled on a balanced assignment (``devtools.workers.wait_for_balanced_group``:
+    ready, each group settled on a balanced assignment (``ldpstream_dev.workers.wait_for_balanced_group``:
     every worker owns partitions) and a warm-up step went through every partition; then they are
     frozen (SIGSTOP: no CPU). Each turn measures the raw broker, then every row once (ascending in
     even turns, descending in odd ones), thawing one group at a time for one run of the workload (new
@@ -305,8 +305,8 @@ def run_scaling(protocol: str, k: int, steps: int, reports_per_step: int, batch:
     import tempfile
     from pathlib import Path
 
-    from devtools.stack import LocalStack
-    from devtools.workers import WorkerProcess, wait_for_balanced_group
+    from ldpstream_dev.stack import LocalStack
+    from ldpstream_dev.workers import WorkerProcess, wait_for_balanced_group
 
     if runs < 1:
         raise ValueError(f"runs must be >= 1, got {runs}")

@@ -69,9 +69,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from devtools.errors import StackError
-from devtools.stack import LocalStack
-from devtools.workers import WorkerProcess, consume_json, produce_messages, read_counts
+from ldpstream_dev.errors import StackError
+from ldpstream_dev.stack import LocalStack
+from ldpstream_dev.workers import WorkerProcess, consume_json, produce_messages, read_counts
 from estimators.errors import LDPError
 from estimators.randomness import SimulationWarning
 from producers.fleet import Fleet, FleetConfig, StepData, ensure_topic
@@ -216,7 +216,7 @@ class ProducerProcess:
         """Start (or resume) the fleet; returns the first step it sends."""
         first = self.committed_steps()
         c = self.config
-        cmd = [sys.executable, "-m", "ldp", "produce", "--campaign", str(self.campaign_file), "--kafka",
+        cmd = [sys.executable, "-m", "ldpstream_cli", "produce", "--campaign", str(self.campaign_file), "--kafka",
                self.bootstrap, "--devices", str(c.devices), "--steps", str(self.total_steps - first),
                "--dataset", _DATASET, "--p-change", str(_P_CHANGE), "--batch-size", str(c.batch_size),
                "--rate", f"{self.rate:.3f}", "--state-dir", str(self.state_dir), "--partitions", str(c.partitions),

@@ -15,7 +15,7 @@ spliced to tansu byte for byte; a wrong password or an unknown user gets ``SASL_
 (58) and the connection is closed (an unknown user runs the SCRAM exchange with a made-up salt, so
 the answers do not tell which users exist). The gateway holds no password: its users file holds SCRAM
 salted keys (``StoredKey``/``ServerKey``, as Kafka's own credential store) and, for PLAIN, a PBKDF2 hash
-(:func:`credentials`, written by :class:`devtools.stack.LocalStack`, mode 0600).
+(:func:`credentials`, written by :class:`ldpstream_dev.stack.LocalStack`, mode 0600).
 
 Run as ``python kafkagate.py --listen-port P --upstream-port Q --users FILE [--certfile C --keyfile K]``
 (stdlib only, so it runs by file path without the project installed).
