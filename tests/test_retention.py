@@ -428,18 +428,18 @@ async def _measure_memory(url: str) -> dict[str, dict[str, int]]:
     return out
 
 
-def test_memory_per_attribute_per_step_matches_the_readme(local_stack) -> None:
-    """Prints the table of README "Retention" (``pytest tests/test_retention.py -k memory -s``) and
-    checks the README's figures are within 20% of what this Redis measures."""
+def test_memory_per_attribute_per_step_matches_the_docs(local_stack) -> None:
+    """Prints the table of docs/operations.md, "Redis memory per retained step" (``pytest
+    tests/test_retention.py -k memory -s``) and checks its figures are within 20% of what this Redis measures."""
     measured = _run(_measure_memory(local_stack.info.redis_url))
     lines = ["| what (k = 100) | GRR | L-OSUE |", "| --- | ---: | ---: |"]
     for name in measured["GRR"]:
         lines.append(f"| {name} | {measured['GRR'][name]:,} B | {measured['L-OSUE'][name]:,} B |")
     print("\n" + "\n".join(lines))  # shown with -s
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "operations.md").read_text()
     for name in measured["GRR"]:
-        row = next((ln for ln in readme.splitlines() if ln.startswith(f"| {name} |")), None)
-        assert row is not None, f"README has no row {name!r}"
+        row = next((ln for ln in doc.splitlines() if ln.startswith(f"| {name} |")), None)
+        assert row is not None, f"docs/operations.md has no row {name!r}"
         documented = [int(x.strip().rstrip(" B").replace(",", "")) for x in row.split("|")[2:4]]
         for doc_value, (proto, got) in zip(documented, ((p, measured[p][name]) for p in ("GRR", "L-OSUE"))):
-            assert abs(doc_value - got) <= 0.2 * got, f"README {name!r} {proto}: {doc_value} B, measured {got} B"
+            assert abs(doc_value - got) <= 0.2 * got, f"docs/operations.md {name!r} {proto}: {doc_value} B, measured {got} B"
