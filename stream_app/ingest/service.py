@@ -6,23 +6,7 @@ problems), ``GET /metrics`` (Prometheus, summed over the processes: :mod:`.metri
 
 HTTP stack: this package's own small HTTP/1.1 server (:mod:`.http`: httptools' parser on the process's
 uvloop event loop, one thread) and pre-fork supervisor (:mod:`.prefork`: ``--processes N`` forks N
-processes that each listen on the port with ``SO_REUSEPORT``). Measured side by side in one
-``ldp bench ingest -w binary -w json`` run each on the 2-core development machine, 2 processes, the same
-handler (2026-11-25):
-
-============================  ===================  ============  ====================  ============
-server                        binary saturation    half p99      json saturation       half p99
-============================  ===================  ============  ====================  ============
-granian 2.8 RSGI + uvloop     14,128 req/s (100)   51.2 ms       14,217 req/s (98)     43.4 ms
-:mod:`.http` + uvloop         14,924 req/s (84)    32.9 ms       16,578 req/s (71)     15.0 ms
-============================  ===================  ============  ====================  ============
-
-(in brackets: the ingest's CPU µs per request). At a fixed 5,000 requests/s the ingest spent 194-197 µs of
-CPU per request under granian against 125-155 µs here. granian had been chosen over aiohttp, uvicorn and
-its own ASGI mode, on a trivial handler, for its throughput (31-35k requests/s against 11-18k for uvicorn and
-8-15k for aiohttp); what it costs at moderate load is the hand-off of each request from its Rust thread to
-the event loop and of each answer back (wake-ups, GIL hand-offs), and at half saturation the two cores were
-90% busy. Here a readable socket is parsed in the event loop's own callback and a request is one task.
+processes that each listen on the port with ``SO_REUSEPORT``). Its measurements against granian: docs/benchmarks.md.
 
 All shared state (rate-limit slots, idempotency records) is in Redis, so the processes, and any number of
 hosts behind a load balancer, are interchangeable. SIGTERM (the supervisor forwards it to every process):
