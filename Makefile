@@ -1,5 +1,5 @@
 # The two commands of the README:  `make demo`  and  `make test`.
-# Both create .venv and install the project (with its test and bench extras) on first use.
+# Both create .venv and install the project (with its dev, test and bench extras) on first use.
 PY      ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin
@@ -10,7 +10,7 @@ STAMP   := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e ".[test,bench]"
+	$(BIN)/pip install --quiet -e ".[dev,test,bench]"
 	touch $(STAMP)
 
 demo: $(STAMP)

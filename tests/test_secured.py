@@ -284,6 +284,34 @@ def test_scram_sha_256_matches_the_rfc_7677_test_vector() -> None:
     assert done and final == b"v=6rriTRBi23WpRR/wtup+mMhUZUn/dB5nLTJRsjl95G4="
 
 
+def test_gateway_frames_match_the_kafka_wire_format() -> None:
+    """The gateway's SaslHandshake / SaslAuthenticate frames (aiokafka.protocol structs) against bytes written from
+    the Kafka protocol spec, for v0, v1 and the flexible v2 that aiokafka's own clients never send."""
+    import struct
+
+    from ldpstream_dev.kafkagate import (authenticate_bytes, authenticate_response, handshake_mechanism,
+                                         handshake_response, parse_request)
+
+    hs = parse_request(struct.pack(">hhih", 17, 1, 5, 1) + b"c" + struct.pack(">h", 13) + b"SCRAM-SHA-512",
+                       flexible=False)
+    assert (hs.api_key, hs.version, hs.correlation_id, handshake_mechanism(hs)) == (17, 1, 5, "SCRAM-SHA-512")
+    assert handshake_response(5, 0, ("PLAIN",)) == (struct.pack(">iihih", 4 + 2 + 4 + 2 + 5, 5, 0, 1, 5) + b"PLAIN")
+    token = b"n,,n=ldp,r=abc"
+    for version in (0, 1):
+        req = parse_request(struct.pack(">hhih", 36, version, 9, -1) + struct.pack(">i", len(token)) + token,
+                            flexible=False)
+        assert authenticate_bytes(req) == token
+        # correlation id, error code, error message (int16 length), auth bytes (int32 length), v1: session lifetime
+        body = (struct.pack(">ihh", 9, 58, 2) + b"no" + struct.pack(">i", 2) + b"ok"
+                + (struct.pack(">q", 0) if version else b""))
+        assert authenticate_response(req, 58, "no", b"ok") == struct.pack(">i", len(body)) + body
+    flexible = struct.pack(">hhih", 36, 2, 11, 1) + b"c" + b"\x00" + bytes([len(token) + 1]) + token + b"\x00"
+    req = parse_request(flexible, flexible=True)
+    assert (req.version, req.correlation_id, authenticate_bytes(req)) == (2, 11, token)
+    body = struct.pack(">i", 11) + b"\x00" + struct.pack(">h", 0) + b"\x00" + b"\x03ok" + struct.pack(">q", 0) + b"\x00"
+    assert authenticate_response(req, 0, None, b"ok") == struct.pack(">i", len(body)) + body
+
+
 def test_gateway_users_file_holds_no_password(sasl_stack) -> None:
     text = (sasl_stack.run_dir / "kafka-users.json").read_text()
     _no_secret_in(text, "the gateway's users file")

