@@ -16,8 +16,9 @@ from ldpstream_dev.stack import CLI_RUN_DIR
 from estimators.errors import LDPError
 from stream_app.settings import setting_specs
 
-from .options import build
-from .terminal import progress_bar
+from .common import fail, stack_addresses
+from .options import build, check_options
+from .terminal import CSV_FLAG, JSON_FLAG, TableOutput, print_table, progress_bar
 
 app = typer.Typer(help="ldp-stream: telemetry under local differential privacy.", no_args_is_help=True,
                   pretty_exceptions_show_locals=False, add_completion=False)
@@ -43,28 +44,49 @@ CAL = Annotated[str, typer.Option(help="p2 calibration of L-GRR and LOLOHA: exac
 
 
 
-def _fail(exc: Exception) -> None:
-    console.print(f"[red]error:[/red] {exc}")
-    raise typer.Exit(2)
-
-
 @app.command()
 def protocols(k: K = 100, eps: EPS = 1.0, eps_inf: EPS_INF = 2.0, eps_1: EPS_1 = 1.0,
-              n: Annotated[int, typer.Option(help="Reports for Var*.")] = 10_000) -> None:
-    """List every protocol with its privacy figures and approximate variance."""
+              n: Annotated[int, typer.Option(help="Reports (devices, for the solutions) for Var*.")] = 10_000,
+              ks: Annotated[str, typer.Option(
+                  "--ks", help="Domain sizes of the multidimensional solutions' attributes, comma-separated.")]
+              = "2,10,50,200",
+              as_json: JSON_FLAG = False, as_csv: CSV_FLAG = False) -> None:
+    """List every protocol and multidimensional solution with its privacy figures and approximate variance."""
+    out = TableOutput(console, as_json, as_csv)
+    domains = _sequence(ks, "--ks") or ()
+    try:
+        check_options(k=k, eps=eps, eps_inf=eps_inf, eps_1=eps_1, n=n)
+        check_options(ks=min(domains, default=0))
+    except ValueError as exc:
+        fail(exc)
     t = Table(title=f"protocols at k={k}, ε={eps}, ε∞={eps_inf}, ε1={eps_1}, Var* at n={n}")
     for col in ("protocol", "parameters", "ε1 (true)", "ε∞ (true)", "worst-case ε", "Var*"):
         t.add_column(col, justify="right" if col not in ("protocol", "parameters") else "left")
     for name in estimators.PROTOCOLS:
         try:
             p = build(name, k=k, eps=eps, eps_inf=eps_inf, eps_1=eps_1)
-        except LDPError as exc:
+        except LDPError as exc:  # this protocol cannot take these options (the options themselves are valid)
             t.add_row(name, f"[yellow]{exc}[/yellow]", "", "", "", "")
             continue
         extra = {a: v for a, v in p.params().items() if a not in ("protocol", "k")}
         t.add_row(name, " ".join(f"{a}={v}" for a, v in extra.items()), f"{p.eps_first:.4f}", f"{p.eps_inf:.4f}",
                   f"{p.worst_case_loss:.4g}", f"{p.variance(n):.3e}")
-    console.print(t)
+    out.show(t)
+    t = Table(title=f"multidimensional solutions (one budget over d={len(domains)} attributes, ks={ks}; ε={eps}, "
+                    f"ε∞={eps_inf}, ε1={eps_1}), Var* per attribute at n={n} devices")
+    for col in ("solution", "channels", "ε1 (tuple)", "ε∞ (tuple)", "worst-case ε", "Var* per attribute"):
+        t.add_column(col, justify="left" if col in ("solution", "channels", "Var* per attribute") else "right")
+    for sol_name, proto in _solution_specs(list(_LISTED_SOLUTIONS)):
+        label = _solution_label(sol_name, proto)
+        try:
+            sol = _build_solution(sol_name, proto, domains, eps, eps_inf, eps_1)
+        except LDPError as exc:
+            t.add_row(label, f"[yellow]{exc}[/yellow]", "", "", "", "")
+            continue
+        t.add_row(label, " ".join(c.name for c in sol.channels), f"{sol.eps_first:.4f}", f"{sol.eps_inf:.4f}",
+                  f"{sol.worst_case_loss:.4g}", " ".join(f"{sol.variance(j, n):.2e}" for j in range(sol.d)))
+    out.show(t)
+    out.close()
 
 
 @app.command()
@@ -118,7 +140,7 @@ def simulate(n: Annotated[int, typer.Option(help="Devices in the simulated fleet
     try:
         protos = {name: build(name, k=k, eps=eps, eps_inf=eps_inf, eps_1=eps_1) for name in names}
     except LDPError as exc:
-        _fail(exc)
+        fail(exc)
     console.print(SIMULATION_BANNER.format(seed=seed))
     rng = np.random.default_rng(seed)
     pop = EvolvingPopulation(n=n, k=k, kind=dataset, p_change=p_change, base="zipf", rng=np.random.default_rng(seed + 1))
@@ -170,7 +192,7 @@ def _sequence(text: Optional[str], name: str) -> Optional[tuple[int, ...]]:
     try:
         return tuple(int(x) for x in text.replace(" ", "").split(",") if x)
     except ValueError:
-        _fail(LDPError(f"{name} must be comma-separated integers, got {text!r}"))
+        fail(LDPError(f"{name} must be comma-separated integers, got {text!r}"))
 
 
 @app.command()
@@ -209,10 +231,10 @@ def audit(protocol: Annotated[Optional[str], typer.Argument(help="Protocol to au
     rounds = list(dict.fromkeys(round_ or A.ROUNDS))
     bad = [r for r in rounds if r not in A.ROUNDS]
     if bad:
-        _fail(LDPError(f"--round must be one of {', '.join(A.ROUNDS)}, got {', '.join(bad)}"))
+        fail(LDPError(f"--round must be one of {', '.join(A.ROUNDS)}, got {', '.join(bad)}"))
     s1, s2 = _sequence(seq1, "--seq1"), _sequence(seq2, "--seq2")
     if (s1 is None) != (s2 is None):
-        _fail(LDPError("pass both --seq1 and --seq2, or neither"))
+        fail(LDPError("pass both --seq1 and --seq2, or neither"))
     try:
         if protocol is None:
             plan = A.plan_audit_cases(k)
@@ -228,9 +250,9 @@ def audit(protocol: Annotated[Optional[str], typer.Argument(help="Protocol to au
             plans[r] = jobs
             skipped += skip
     except LDPError as exc:
-        _fail(exc)
+        fail(exc)
     if not any(plans.values()):
-        _fail(LDPError(f"nothing to audit in round(s) {', '.join(rounds)}: the PRR and longitudinal rounds "
+        fail(LDPError(f"nothing to audit in round(s) {', '.join(rounds)}: the PRR and longitudinal rounds "
                        "need a memoizing protocol"))
     failed = False
     for r in rounds:
@@ -246,7 +268,7 @@ def audit(protocol: Annotated[Optional[str], typer.Argument(help="Protocol to au
                     results.append(job.run(trials=trials, seed=seed, confidence=confidence,
                                            on_progress=lambda done, tot, t=task: bar.update(t, completed=done)))
                 except LDPError as exc:
-                    _fail(exc)
+                    fail(exc)
         n = A.DEFAULT_TRIALS[r] if trials is None else trials
         unit = (f"{n:,} devices per sequence" if r == "longitudinal"
                 else f"{n:,} {'fresh devices' if r == 'prr' else 'reports'} per input")
@@ -294,10 +316,10 @@ def bench_protocols(k: K = 100, n: Annotated[int, typer.Option(help="Reports per
     try:
         sols = _solution_specs(solution or ([] if protocol else ["default"]))
     except ValueError as exc:
-        _fail(exc)
+        fail(exc)
     domains = _sequence(ks, "--ks") or ()
     if sols and (not domains or min(domains) < 2):
-        _fail(LDPError(f"--ks needs at least one domain size, each >= 2, got {ks!r}"))
+        fail(LDPError(f"--ks needs at least one domain size, each >= 2, got {ks!r}"))
     # randomize: >= 20x with cryptographic device randomness (ChaCha20 streams, 256-bit keys)
     targets = {("OUE", "rand"): 20, ("OLH", "rand"): 20, ("L-OSUE", "rand"): 20, ("GRR", "rand"): 20,
                ("OLH", "agg"): 50, ("LOLOHA", "agg"): 50}
@@ -382,6 +404,8 @@ def bench_protocols(k: K = 100, n: Annotated[int, typer.Option(help="Reports per
 _DEFAULT_SOLUTIONS = ("SPL[GRR]", "SPL[OUE]", "SPL[ADP]", "SMP[GRR]", "SMP[OUE]", "SMP[ADP]", "RS+FD[GRR]",
                       "RS+FD[OUE-z]", "RS+FD[OUE-r]", "RS+FD[ADP]", "L-SPL[L-GRR]", "L-SPL[L-OSUE]",
                       "L-SMP[L-GRR]", "L-SMP[L-OSUE]", "ALLOMFREE")
+# `ldp protocols` lists the standard set and every solution it leaves out
+_LISTED_SOLUTIONS = (*_DEFAULT_SOLUTIONS, "L-RS+FD[L-GRR]", "L-RS+FD[L-OSUE]")
 
 
 def _solution_specs(texts: list[str]) -> list[tuple[str, Optional[str]]]:
@@ -405,7 +429,7 @@ def _solution_label(name: str, protocol: Optional[str]) -> str:
 def _build_solution(name: str, protocol: Optional[str], ks: tuple[int, ...], eps: float, eps_inf: float,
                     eps_1: float) -> estimators.Solution:
     """``estimators.make_solution`` with the options the solution takes (ε, or ε∞ and ε1; the protocol)."""
-    from estimators.registry import solution_parameters
+    from estimators.solution_registry import solution_parameters
 
     takes = solution_parameters(name)
     if protocol is not None and "protocol" not in takes:
@@ -465,7 +489,7 @@ def bench_pipeline(steps: Annotated[int, typer.Option(help="Time steps per proto
     names = protocol or list(known)
     bad = [n for n in names if n not in known]
     if bad or min(workers, runs, partitions or 1) < 1:
-        _fail(ValueError(f"unknown protocol(s) {bad} (GRR, L-OSUE)" if bad else
+        fail(ValueError(f"unknown protocol(s) {bad} (GRR, L-OSUE)" if bad else
                          "--workers, --runs and --partitions must be >= 1"))
     targets = {"rate": 2e6, "ratio": 0.25, "p95": 2.0, "scale": 0.9}
     results = []
@@ -562,7 +586,7 @@ def bench_ingest(processes: Annotated[int, typer.Option(help="Processes of `ldp 
     try:
         code = bench_main(cfg, console)
     except (ValueError, RuntimeError, TimeoutError) as exc:
-        _fail(exc)
+        fail(exc)
     raise typer.Exit(code)
 
 
@@ -597,25 +621,6 @@ def _time_ours(p: estimators.FrequencyProtocol, n: int, repeats: int, seed: int)
     return n / best_r, n / best_a
 
 
-def _stack_addresses(kafka: str | None, redis_url: str | None, need_redis: bool = True,
-                     run_dir: str = str(CLI_RUN_DIR)) -> tuple[str, str | None]:
-    """Broker and Redis addresses: the options, else those of `ldp stack up`."""
-    if kafka and (redis_url or not need_redis):
-        return kafka, redis_url
-    from ldpstream_dev.errors import StackError
-    from ldpstream_dev.stack import LocalStack
-
-    try:
-        info = LocalStack.from_run_dir(Path(run_dir)).info
-    except StackError:
-        _fail(LDPError("no --kafka given and no local stack running (start one with `ldp stack up`)"))
-    import os
-
-    if not kafka and info.kafka_security and not os.environ.get("LDP_KAFKA_SECURITY_PROTOCOL"):
-        os.environ.update(info.kafka_security)  # a secured stack's SASL / TLS settings (wire.transport)
-    return kafka or info.kafka_bootstrap, redis_url or info.redis_url
-
-
 CAMPAIGN = Annotated[Path, typer.Option("--campaign", "-c", help="Campaign file (TOML).", exists=True, dir_okay=False)]
 KAFKA = Annotated[Optional[str], typer.Option("--kafka", help="Kafka bootstrap host:port (default: `ldp stack up`'s).")]
 REDIS = Annotated[Optional[str], typer.Option("--redis", help="Redis URL (default: `ldp stack up`'s).")]
@@ -648,13 +653,13 @@ def produce(campaign: CAMPAIGN = Path("deploy/campaigns/demo.toml"), kafka: KAFK
 
     limit_repeated_logs(("aiokafka",))
 
-    bootstrap, _ = _stack_addresses(kafka, None, need_redis=False)
+    bootstrap, _ = stack_addresses(kafka, None, need_redis=False)
     try:  # a state directory that is locked, unreadable or made with other options is refused here
         camp = Campaign.load(campaign)
         fleet = Fleet(FleetConfig(camp, devices, steps, dataset=dataset, p_change=p_change, batch_size=batch_size,
                                   rate=rate, seed=seed, state_dir=state_dir))
     except (CampaignError, ValueError, OSError) as exc:  # FleetStateError is a ValueError
-        _fail(exc)
+        fail(exc)
     with fleet:
         topic = Topics.with_prefix(topic_prefix).reports
         total = devices * steps * fleet.reports_per_device
@@ -677,7 +682,7 @@ def produce(campaign: CAMPAIGN = Path("deploy/campaigns/demo.toml"), kafka: KAFK
                 summary = asyncio.run(publish(fleet, bootstrap, topic, on_progress=hook, keep_supports=False,
                                               partitions=partitions, retry_deadline=retry_deadline))
             except (LDPError, OSError) as exc:  # PublishError, FleetStateError; a state directory that cannot be written
-                _fail(exc)
+                fail(exc)
     for line in summary.lines():
         console.print("  " + line)
 
@@ -725,21 +730,21 @@ def worker(campaign_paths: Annotated[Optional[list[Path]], _setting_option("camp
     try:
         values = WorkerSettings.merge(given)
         if "campaign_paths" in values and not {"kafka_bootstrap", "redis_url"} <= values.keys():
-            values["kafka_bootstrap"], values["redis_url"] = _stack_addresses(values.get("kafka_bootstrap"),
+            values["kafka_bootstrap"], values["redis_url"] = stack_addresses(values.get("kafka_bootstrap"),
                                                                               values.get("redis_url"))
         settings = WorkerSettings.from_values(values)
     except SettingsError as exc:
-        _fail(exc)
+        fail(exc)
     missing = [str(p) for p in settings.campaign_paths if not p.is_file()]
     if missing:
-        _fail(LDPError(f"campaign file(s) not found: {', '.join(missing)}"))
+        fail(LDPError(f"campaign file(s) not found: {', '.join(missing)}"))
     from wire.transport import KafkaSecurity, RedisSecurity, TransportConfigError
 
     try:  # LDP_KAFKA_* / LDP_REDIS_* (wire.transport): a clear message now rather than a client's traceback later
         KafkaSecurity.from_env()
         RedisSecurity.from_env().client_kwargs(settings.redis_url)
     except TransportConfigError as exc:
-        _fail(exc)
+        fail(exc)
     run_worker(settings)
 
 
@@ -775,7 +780,7 @@ def soak(minutes: Annotated[float, typer.Option(help="Length of the fault window
                          keep_run_dir=keep_run_dir,
                          faults=tuple(f.strip() for f in faults.split(",") if f.strip()) if faults else FAULT_KINDS)
     except ValueError as exc:
-        _fail(exc)
+        fail(exc)
     console.print(SIMULATION_BANNER.format(seed=seed) + " (the soak re-simulates the fleet offline as its truth)")
     raise typer.Exit(run_soak(cfg, console, json_path))
 
@@ -809,7 +814,7 @@ def stack_up(run_dir: RUN_DIR = str(CLI_RUN_DIR),
                                redis_password=secrets.token_urlsafe(18) if redis_auth else None)
             info = stack.up()
     except StackError as exc:
-        _fail(exc)
+        fail(exc)
     console.print(f"[green]stack up[/green] in {info.run_dir}\n  kafka  {info.kafka_bootstrap} "
                   f"({stack.kafka_security.describe()})\n  redis  {redact_url(info.redis_url)}"
                   f"\n  broker storage  {info.broker_storage}")
@@ -824,7 +829,7 @@ def stack_down(run_dir: RUN_DIR = str(CLI_RUN_DIR)) -> None:
     try:
         LocalStack.from_run_dir(Path(run_dir)).down()
     except StackError as exc:
-        _fail(exc)
+        fail(exc)
     console.print("[green]stack down[/green]")
 
 
@@ -839,7 +844,7 @@ def stack_status(run_dir: RUN_DIR = str(CLI_RUN_DIR)) -> None:
     try:
         st = LocalStack.from_run_dir(Path(run_dir)).status()
     except StackError as exc:
-        _fail(exc)
+        fail(exc)
     console.print_json(json.dumps(st, default=str))
 
 

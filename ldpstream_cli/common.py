@@ -1,0 +1,38 @@
+"""What the command modules share: the one error exit and the local stack's addresses."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import NoReturn
+
+import typer
+from rich.console import Console
+
+from ldpstream_dev.stack import CLI_RUN_DIR
+
+__all__ = ["error_console", "fail", "stack_addresses"]
+
+error_console = Console(stderr=True)
+
+
+def fail(exc: Exception) -> NoReturn:
+    """Print ``error: <exc>`` as one line on stderr and exit with status 2 (a usage error)."""
+    error_console.print(f"[red]error:[/red] {exc}", soft_wrap=True, highlight=False)
+    raise typer.Exit(2)
+
+
+def stack_addresses(kafka: str | None, redis_url: str | None, need_redis: bool = True,
+                    run_dir: str = str(CLI_RUN_DIR)) -> tuple[str, str | None]:
+    """Broker and Redis addresses: the options, else those of `ldp stack up`."""
+    if kafka and (redis_url or not need_redis):
+        return kafka, redis_url
+    from ldpstream_dev.errors import StackError
+    from ldpstream_dev.stack import LocalStack
+
+    try:
+        info = LocalStack.from_run_dir(Path(run_dir)).info
+    except StackError:
+        fail(ValueError("no --kafka given and no local stack running (start one with `ldp stack up`)"))
+    if not kafka and info.kafka_security and not os.environ.get("LDP_KAFKA_SECURITY_PROTOCOL"):
+        os.environ.update(info.kafka_security)  # a secured stack's SASL / TLS settings (wire.transport)
+    return kafka or info.kafka_bootstrap, redis_url or info.redis_url
