@@ -16,7 +16,7 @@ from ldpstream_dev.stack import CLI_RUN_DIR
 from estimators.errors import LDPError
 from stream_app.settings import setting_specs
 
-from .common import fail, stack_addresses
+from .common import DEMO_CAMPAIGN, fail, stack_addresses
 from .options import build, check_options
 from .terminal import CSV_FLAG, JSON_FLAG, TableOutput, print_table, progress_bar
 
@@ -41,6 +41,20 @@ SIM_SEED = Annotated[Optional[int], typer.Option(
 SIMULATION_BANNER = ("[bold yellow]SIMULATION MODE[/]: --seed {seed} seeds every device key and noise draw; "
                      "the reports are reproducible by anyone who knows the seed and are NOT private.")
 CAL = Annotated[str, typer.Option(help="p2 calibration of L-GRR and LOLOHA: exact or paper.")]
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        print(f"ldp-stream {version('ldp-stream')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: Annotated[bool, typer.Option("--version", help="Print the version and exit.", is_eager=True,
+                                                callback=_print_version)] = False) -> None:
+    """ldp-stream: telemetry under local differential privacy."""
 
 
 
@@ -90,21 +104,29 @@ def protocols(k: K = 100, eps: EPS = 1.0, eps_inf: EPS_INF = 2.0, eps_1: EPS_1 =
 
 
 @app.command()
-def demo(campaign: CAMPAIGN = Path("deploy/campaigns/demo.toml"),
+def demo(campaign: CAMPAIGN = DEMO_CAMPAIGN,
          devices: Annotated[int, typer.Option(help="Simulated devices.")] = 100_000,
          steps: Annotated[int, typer.Option(help="Time steps.")] = 6,
          workers: Annotated[int, typer.Option(help="Stream-app worker processes.")] = 2,
          batch_size: Annotated[int, typer.Option(help="Reports per Kafka message.")] = 50_000,
          step_seconds: Annotated[float, typer.Option(help="Minimum wall time per step (to watch it).")] = 2.0,
          top: Annotated[int, typer.Option(help="Values shown per attribute.")] = 8,
-         seed: SIM_SEED = None) -> None:
+         seed: SIM_SEED = None,
+         keep_run_dir: Annotated[bool, typer.Option(
+             help="Keep the run directory (stack data, worker logs; ldp-demo-* in the temporary directory).")]
+         = False) -> None:
     """The whole pipeline on the embedded local stack: stack up, workers, a simulated fleet, and a live
     view of true vs estimated histograms and privacy figures; everything is stopped on exit or Ctrl-C."""
     from .demo import run_demo
 
+    try:
+        check_options(devices=devices, steps=steps, workers=workers, batch_size=batch_size, top=top)
+    except ValueError as exc:
+        fail(exc)
     if seed is not None:
         console.print(SIMULATION_BANNER.format(seed=seed))
-    raise typer.Exit(run_demo(campaign, devices, steps, workers, batch_size, step_seconds, seed, top, console))
+    raise typer.Exit(run_demo(campaign, devices, steps, workers, batch_size, step_seconds, seed, top, console,
+                              keep_run_dir))
 
 
 @app.command()
@@ -135,6 +157,10 @@ def simulate(n: Annotated[int, typer.Option(help="Devices in the simulated fleet
     from producers.fleet import true_frequencies
 
     names = protocol or list(estimators.PROTOCOLS)
+    try:
+        check_options(n=n, k=k, steps=steps, eps=eps, eps_inf=eps_inf, eps_1=eps_1)
+    except ValueError as exc:
+        fail(exc)
     console.print(f"[bold]ldp-stream offline demo[/bold]: {n:,} devices, k={k}, {steps} steps, dataset={dataset} "
                   f"(zipf base, p_change={p_change}), ε={eps}, ε∞={eps_inf}, ε1={eps_1}")
     try:
@@ -167,7 +193,7 @@ def simulate(n: Annotated[int, typer.Option(help="Devices in the simulated fleet
         truth = true_frequencies(p, pop.values)
         t.add_row(name, f"{np.mean(sq_err[name]):.3e}", f"{np.mean(p.variance_exact(truth, n)):.3e}",
                   f"{p.eps_first:.3f}", f"{p.eps_inf:.3f}", f"{loss:.3g}", f"{p.worst_case_loss:.3g}")
-    console.print(t)
+    print_table(console, t)
     truth = pop.true_frequencies()
     top = np.argsort(truth)[::-1][:10]
     show = [nm for nm in ("L-OSUE", "LOLOHA", "OLH", "GRR") if nm in last and protos[nm].domain_size == k][:3]
@@ -178,7 +204,7 @@ def simulate(n: Annotated[int, typer.Option(help="Devices in the simulated fleet
         h.add_column(nm, justify="right")
     for v in top:
         h.add_row(str(v), f"{truth[v]:.4f}", *(f"{last[nm][v]:.4f}" for nm in show))
-    console.print(h)
+    print_table(console, h)
 
 
 _ROUND_TITLES = {"first": "first round (one report per device, claim ε1)",
@@ -281,7 +307,7 @@ def audit(protocol: Annotated[Optional[str], typer.Argument(help="Protocol to au
                       f"{res.eps_lower:.4f}",
                       f"{res.eps_hat:.4f} [{res.eps_hat_ci[0]:.3f}, {res.eps_hat_ci[1]:.3f}]", f"{res.tightness:.1%}",
                       "[green]ok[/green]" if res.passed else "[red]LEAKS MORE THAN STATED[/red]")
-        console.print(t)
+        print_table(console, t)
         failed |= not all(res.passed for res in results)
     for s in skipped:
         console.print(f"[yellow]skipped[/yellow] {s}")
@@ -303,14 +329,21 @@ def bench_protocols(k: K = 100, n: Annotated[int, typer.Option(help="Reports per
                         "--ks", help="Domain sizes of the solutions' attributes, comma-separated.")] = "2,10,50,200",
                     repeats: Annotated[int, typer.Option(help="Best of this many runs of ours.")] = 5,
                     peer_seconds: Annotated[float, typer.Option(help="Time budget of each peer measurement.")] = 4.0,
-                    seed: SEED = 0) -> None:
+                    seed: SEED = 0, as_json: JSON_FLAG = False, as_csv: CSV_FLAG = False) -> None:
     """reports/s of randomize and support (+estimate), ours vs multi-freq-ldpy, in one run: single-attribute
     protocols (domain size --k) and multidimensional solutions (domain sizes --ks)."""
     from . import bench_peer
 
+    out = TableOutput(console, as_json, as_csv)
+    con = out.console
+    try:
+        check_options(k=k, eps=eps, eps_inf=eps_inf, eps_1=eps_1, n=n, repeats=repeats, peer_seconds=peer_seconds)
+    except ValueError as exc:
+        fail(exc)
+
     have_peer = bench_peer.peer_available()
     if not have_peer:
-        console.print("[yellow]multi-freq-ldpy is not installed (pip install -e '.[bench]'): peer columns empty[/yellow]")
+        con.print("[yellow]multi-freq-ldpy is not installed (pip install -e '.[bench]'): peer columns empty[/yellow]")
     names = list(estimators.PROTOCOLS) if (protocol is None and solution is None) or protocol == ["all"] \
         else list(protocol or ())
     try:
@@ -325,14 +358,14 @@ def bench_protocols(k: K = 100, n: Annotated[int, typer.Option(help="Reports per
                ("OLH", "agg"): 50, ("LOLOHA", "agg"): 50}
     targets.update({(_solution_label(*s), kind): 20 for s in sols for kind in ("rand", "agg")})
     rows, sol_rows, prefixes = [], [], []
-    with progress_bar(console) as bar:
+    with progress_bar(con) as bar:
         task = bar.add_task("benchmarking", total=len(names) + len(sols))
         for name in names:
             bar.update(task, description=f"bench {name}")
             try:
                 p = build(name, k=k, eps=eps, eps_inf=eps_inf, eps_1=eps_1)
             except LDPError as exc:
-                console.print(f"[yellow]{name}: {exc}[/yellow]")
+                con.print(f"[yellow]{name}: {exc}[/yellow]")
                 bar.advance(task)
                 continue
             ours_r, ours_a = _time_ours(p, n, repeats, seed)
@@ -355,7 +388,7 @@ def bench_protocols(k: K = 100, n: Annotated[int, typer.Option(help="Reports per
             try:
                 sol = _build_solution(sol_name, proto, domains, eps, eps_inf, eps_1)
             except LDPError as exc:
-                console.print(f"[yellow]{label}: {exc}[/yellow]")
+                con.print(f"[yellow]{label}: {exc}[/yellow]")
                 bar.advance(task)
                 continue
             ours_r, ours_a = _time_ours_solution(sol, values, repeats)
@@ -391,13 +424,14 @@ def bench_protocols(k: K = 100, n: Annotated[int, typer.Option(help="Reports per
         for name, r_o, r_p, a_o, a_p in table_rows:
             t.add_row(name, _si(r_o), _si(r_p), ratio(name, "rand", r_o, r_p),
                       _si(a_o), _si(a_p), ratio(name, "agg", a_o, a_p))
-        console.print(t)
+        out.show(t)
+    out.close()
     if sol_rows:
-        console.print("solutions: ours = randomize of n devices (OS CSPRNG keys; state made once, outside the timing) "
+        con.print("solutions: ours = randomize of n devices (OS CSPRNG keys; state made once, outside the timing) "
                       "and support + report counts + every attribute's estimate; peer = one client call per device, "
                       "then one aggregator call (ALLOMFREE vs the peer's L-SMP[L-ADP], its 'ALLOMFREE')")
         if prefixes:
-            console.print(f"peer subsampled (per-report rate over the first m of the {n:,} devices, "
+            con.print(f"peer subsampled (per-report rate over the first m of the {n:,} devices, "
                           f"--peer-seconds {peer_seconds:g}): " + "; ".join(prefixes))
 
 
@@ -480,17 +514,25 @@ def bench_pipeline(steps: Annotated[int, typer.Option(help="Time steps per proto
                    protocol: Annotated[Optional[list[str]], typer.Option(
                        "--protocol", "-p", help="GRR and/or L-OSUE (repeatable); default: both.")] = None,
                    latency: Annotated[bool, typer.Option(
-                       help="Also measure the latency under a paced load (with --workers workers).")] = True) -> None:
+                       help="Also measure the latency under a paced load (with --workers workers).")] = True,
+                   as_json: JSON_FLAG = False, as_csv: CSV_FLAG = False) -> None:
     """End-to-end reports/s (produce → final estimate) with 1, 2, 4, ... workers and latency, next to the raw
     broker, same bytes, one run."""
     from .bench_pipeline import run_scaling
 
+    out = TableOutput(console, as_json, as_csv)
+    con = out.console
+
     known = {"GRR": (grr_reports, dict(eps=1.0)), "L-OSUE": (losue_reports, dict(eps_inf=2.0, eps_1=1.0))}
     names = protocol or list(known)
     bad = [n for n in names if n not in known]
-    if bad or min(workers, runs, partitions or 1) < 1:
-        fail(ValueError(f"unknown protocol(s) {bad} (GRR, L-OSUE)" if bad else
-                         "--workers, --runs and --partitions must be >= 1"))
+    try:
+        if bad:
+            raise ValueError(f"unknown protocol(s) {bad} (GRR, L-OSUE)")
+        check_options(steps=steps, grr_reports=grr_reports, losue_reports=losue_reports, message_bytes=message_bytes,
+                      workers=workers, partitions=partitions, runs=runs)
+    except ValueError as exc:
+        fail(exc)
     targets = {"rate": 2e6, "ratio": 0.25, "p95": 2.0, "scale": 0.9}
     results = []
     for name in names:
@@ -499,7 +541,7 @@ def bench_pipeline(steps: Annotated[int, typer.Option(help="Time steps per proto
         batch = max(1_000, min(per, message_bytes // per_report))
         results.append(run_scaling(name, 100, steps, per, batch, workers, partitions=partitions, runs=runs,
                                    latency_load=0.5 if latency else None,
-                                   on_status=lambda s: console.print(f"[dim]{s}[/dim]"), **params))
+                                   on_status=lambda s: con.print(f"[dim]{s}[/dim]"), **params))
     parts = results[0]["partitions"]
     raw = " / ".join(f"{r['protocol']} {_si(r['raw_rate'])}" for r in results)
     t = Table(title=f"pipeline scaling, k=100, {parts} partitions, ~{message_bytes / 1e6:g} MB messages, "
@@ -516,8 +558,8 @@ def bench_pipeline(steps: Annotated[int, typer.Option(help="Time steps per proto
             owning = str(row.owners) + (" [yellow](rebalanced)[/yellow]" if row.rebalanced else "")
             t.add_row(r["protocol"], str(row.workers), owning, _si(row.rate) + "/s", spread,
                       f"{row.rate / r['raw_rate']:.2f}", f"{vs1:.2f}{mark}", f"{np.median(row.saturated_p95):.2f} s")
-    console.print(t)
-    console.print(f"raw broker = produce (acks=all) + consume of the same bytes, no processing (median {raw} reports/s); "
+    out.show(t)
+    con.print(f"raw broker = produce (acks=all) + consume of the same bytes, no processing (median {raw} reports/s); "
                   f"each row is a consumer group of its own, started, settled (each worker owns partitions) and "
                   f"warmed up first, then frozen while the others run; the rows and the raw broker are measured in "
                   f"turns; the steps of a run take the {parts} partitions in turn")
@@ -534,12 +576,13 @@ def bench_pipeline(steps: Annotated[int, typer.Option(help="Time steps per proto
                       f"{r['ratio']:.2f}" + ("" if r["ratio"] >= targets["ratio"] else " [red]<0.25[/red]"),
                       f"{r['p95_latency']:.2f} s" + ("" if r["p95_latency"] < targets["p95"] else " [red]≥2s[/red]"),
                       f"{max(r['latencies']):.2f} s", f"{r['saturated_p95_latency']:.2f} s")
-        console.print(t)
-        console.print("latency: last report of a step (its watermark acknowledged) → final estimate on "
+        out.show(t)
+        con.print("latency: last report of a step (its watermark acknowledged) → final estimate on "
                       "ldp.estimates, with the producer paced at 50% of the measured end-to-end rate; 'saturated' = "
                       "the same in the throughput run, where it is the queue of a producer outrunning the workers")
-    console.print("targets: GRR ≥ 2M reports/s end to end, ≥ 0.25 of the raw broker, p95 latency < 2 s; "
+    con.print("targets: GRR ≥ 2M reports/s end to end, ≥ 0.25 of the raw broker, p95 latency < 2 s; "
                   "every row ≥ 0.9x the 1-worker row")
+    out.close()
 
 
 @bench_app.command("ingest")
@@ -621,13 +664,15 @@ def _time_ours(p: estimators.FrequencyProtocol, n: int, repeats: int, seed: int)
     return n / best_r, n / best_a
 
 
-CAMPAIGN = Annotated[Path, typer.Option("--campaign", "-c", help="Campaign file (TOML).", exists=True, dir_okay=False)]
+CAMPAIGN = Annotated[Path, typer.Option(
+    "--campaign", "-c", help="Campaign file (TOML). Default: the demo campaign (deploy/campaigns/demo.toml, shipped "
+                             "with the CLI).", exists=True, dir_okay=False, show_default=False)]
 KAFKA = Annotated[Optional[str], typer.Option("--kafka", help="Kafka bootstrap host:port (default: `ldp stack up`'s).")]
 REDIS = Annotated[Optional[str], typer.Option("--redis", help="Redis URL (default: `ldp stack up`'s).")]
 
 
 @app.command()
-def produce(campaign: CAMPAIGN = Path("deploy/campaigns/demo.toml"), kafka: KAFKA = None,
+def produce(campaign: CAMPAIGN = DEMO_CAMPAIGN, kafka: KAFKA = None,
             devices: Annotated[int, typer.Option(help="Simulated devices.")] = 100_000,
             steps: Annotated[int, typer.Option(help="Time steps to send (after those a --state-dir holds).")] = 5,
             dataset: Annotated[str, typer.Option(help="uniform, zipf or syn.")] = "syn",
@@ -751,7 +796,7 @@ def worker(campaign_paths: Annotated[Optional[list[Path]], _setting_option("camp
 @app.command()
 def soak(minutes: Annotated[float, typer.Option(help="Length of the fault window (the fleet sends that long).")] = 10.0,
          seconds: Annotated[Optional[float], typer.Option(help="The same in seconds (overrides --minutes).")] = None,
-         campaign: CAMPAIGN = Path("deploy/campaigns/demo.toml"),
+         campaign: CAMPAIGN = DEMO_CAMPAIGN,
          devices: Annotated[int, typer.Option(help="Simulated devices (reports per attribute and step).")] = 20_000,
          step_seconds: Annotated[float, typer.Option(help="One fleet step every this many seconds.")] = 3.0,
          batch_size: Annotated[int, typer.Option(help="Reports per Kafka message.")] = 5_000,

@@ -1,4 +1,4 @@
-"""What the command modules share: the one error exit and the local stack's addresses."""
+"""What the command modules share: the one error exit, the local stack's addresses, the demo campaign."""
 from __future__ import annotations
 
 import os
@@ -10,8 +10,11 @@ from rich.console import Console
 
 from ldpstream_dev.stack import CLI_RUN_DIR
 
-__all__ = ["error_console", "fail", "stack_addresses"]
+__all__ = ["DEMO_CAMPAIGN", "error_console", "fail", "stack_addresses"]
 
+#: The campaign of `ldp demo`, `ldp produce` and `ldp soak` by default: package data (an installed wheel has no
+#: deploy/ directory), a copy of deploy/campaigns/demo.toml (tests/test_cli.py checks that they are equal).
+DEMO_CAMPAIGN = Path(__file__).resolve().parent / "campaigns" / "demo.toml"
 error_console = Console(stderr=True)
 
 

@@ -27,13 +27,13 @@ def build(name: str, **options: Any) -> estimators.FrequencyProtocol:
 def check_options(**values: float | None) -> None:
     """Raise ``ValueError`` for the first option out of range (``None``: not given), named as its flag.
 
-    By name: ``eps*`` positive and finite, ``k`` and ``ks`` (a domain size) at least 2, anything else (a
+    By name: ``eps*`` and ``*_seconds`` positive and finite, ``k`` and ``ks`` (a domain size) at least 2, anything else (a
     count) at least 1; ``eps_1`` below ``eps_inf`` when both are given (a longitudinal budget)."""
     for name, value in values.items():
         if value is None:
             continue
         flag = "--" + name.replace("_", "-")
-        if name.startswith("eps"):
+        if name.startswith("eps") or name.endswith("_seconds"):
             ok, rule = math.isfinite(value) and value > 0, "a positive number"
         elif name in ("k", "ks"):
             ok, rule = value >= 2, "at least 2"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import sys
 from typing import Annotated, Any
 
@@ -18,7 +19,7 @@ from rich.text import Text
 
 from .common import error_console, fail
 
-__all__ = ["JSON_FLAG", "CSV_FLAG", "TableOutput", "print_table", "progress_bar"]
+__all__ = ["JSON_FLAG", "CSV_FLAG", "TableOutput", "print_table", "progress_bar", "table_data"]
 
 JSON_FLAG = Annotated[bool, typer.Option("--json", help="Print the tables as JSON on stdout (everything else on "
                                                         "stderr).")]
@@ -51,12 +52,13 @@ def _plain(cell: Any) -> str:
 
 
 def _value(text: str) -> int | float | str:
-    """A cell as JSON: a number where the text is one, else the text."""
+    """A cell as JSON: a finite number where the text is one, else the text (``inf`` stays a string)."""
     for kind in (int, float):
         try:
-            return kind(text)
+            number = kind(text)
         except ValueError:
-            pass
+            continue
+        return number if math.isfinite(number) else text
     return text
 
 
@@ -91,7 +93,7 @@ class TableOutput:
         if self.format == "json":
             for t in self._tables:
                 t["rows"] = [[_value(c) for c in row] for row in t["rows"]]
-            json.dump(self._tables, sys.stdout, ensure_ascii=False, indent=1)
+            json.dump(self._tables, sys.stdout, ensure_ascii=False, indent=1, allow_nan=False)
             sys.stdout.write("\n")
         elif self.format == "csv":
             writer = csv.writer(sys.stdout, lineterminator="\n")
