@@ -77,7 +77,7 @@ def run_demo(campaign_path: Path, devices: int, steps: int, workers: int, batch:
     finally:
         signal.signal(signal.SIGTERM, previous)
         if keep_run_dir:
-            console.print(f"run directory kept: {run}")
+            console.print(f"run directory kept: {run}", soft_wrap=True)
         else:
             shutil.rmtree(run, ignore_errors=True)
 
