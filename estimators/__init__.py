@@ -21,8 +21,8 @@ from .base import FrequencyProtocol, PureProtocol
 from .errors import InfeasibleParameters, InvalidReports, InvalidState, LDPError
 from .memo import MemoState
 from .multidim import AttributeView, MultiReports, MultiState, Solution
-from .registry import (from_params, make, make_solution, protocols, register, register_solution, solution_from_params,
-                       solutions)
+from .registry import from_params, make, protocols, register
+from .solution_registry import make_solution, register_solution, solution_from_params, solutions
 
 for _cls in (direct.GRR, unary.SUE, unary.OUE, adaptive.ADP,
              direct.LGRR, unary.LSUE, unary.LOUE, unary.LOSUE, unary.LSOUE, adaptive.LADP,

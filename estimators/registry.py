@@ -1,18 +1,16 @@
-"""``make(name, **params)``: the one constructor of every protocol, by its public name, and
-``make_solution(name, **params)``: the same for the multidimensional solutions (:mod:`estimators.multidim`)."""
+"""``make(name, **params)``: the one constructor of every protocol, by its public name, and the checked
+construction both registries use (the solutions' own: :mod:`estimators.solution_registry`)."""
 from __future__ import annotations
 
 import inspect
-from typing import TYPE_CHECKING, Any
+from typing import Any, TypeVar
 
 from .base import FrequencyProtocol
 from .errors import LDPError
 
-if TYPE_CHECKING:
-    from .multidim import Solution
+T = TypeVar("T")
 
 _REGISTRY: dict[str, type[FrequencyProtocol]] = {}
-_SOLUTIONS: dict[str, type["Solution"]] = {}
 
 
 def register(cls: type[FrequencyProtocol]) -> type[FrequencyProtocol]:
@@ -20,20 +18,12 @@ def register(cls: type[FrequencyProtocol]) -> type[FrequencyProtocol]:
     return cls
 
 
-def register_solution(cls: type["Solution"]) -> type["Solution"]:
-    _SOLUTIONS[cls.name] = cls
-    return cls
-
-
 def protocols() -> tuple[str, ...]:
     return tuple(_REGISTRY)
 
 
-def solutions() -> tuple[str, ...]:
-    return tuple(_SOLUTIONS)
-
-
-def _lookup(table: dict[str, type], name: str, what: str) -> type:
+def lookup(table: dict[str, T], name: str, what: str) -> T:
+    """``table[name]``, or an :class:`LDPError` naming the known ``what``s."""
     try:
         return table[name]
     except KeyError:
@@ -41,17 +31,18 @@ def _lookup(table: dict[str, type], name: str, what: str) -> type:
 
 
 def _protocol_class(name: str) -> type[FrequencyProtocol]:
-    return _lookup(_REGISTRY, name, "protocol")
+    return lookup(_REGISTRY, name, "protocol")
 
 
-def _keywords(cls: type) -> dict[str, inspect.Parameter]:
+def constructor_parameters(cls: type) -> dict[str, inspect.Parameter]:
+    """The keyword parameters of ``cls``'s constructor, with their defaults."""
     sig = inspect.signature(cls.__init__)
     return {p: spec for p, spec in sig.parameters.items() if p != "self"}
 
 
-def _build(cls: type, name: str, params: dict[str, Any]) -> Any:
+def construct(cls: type[T], name: str, params: dict[str, Any]) -> T:
     """``cls(**params)`` after checking the keywords against its constructor (unknown or missing ones)."""
-    accepted = _keywords(cls)
+    accepted = constructor_parameters(cls)
     unknown = set(params) - set(accepted)
     if unknown:
         raise LDPError(f"{name} does not take {', '.join(sorted(unknown))}; it takes {', '.join(accepted)}")
@@ -63,23 +54,12 @@ def _build(cls: type, name: str, params: dict[str, Any]) -> Any:
 
 def parameters(name: str) -> dict[str, inspect.Parameter]:
     """The keyword parameters ``make(name, ...)`` accepts, with their defaults."""
-    return _keywords(_protocol_class(name))
-
-
-def solution_parameters(name: str) -> dict[str, inspect.Parameter]:
-    """The keyword parameters ``make_solution(name, ...)`` accepts, with their defaults."""
-    return _keywords(_lookup(_SOLUTIONS, name, "solution"))
+    return constructor_parameters(_protocol_class(name))
 
 
 def make(name: str, **params: Any) -> FrequencyProtocol:
     """Build a protocol: ``make("L-OSUE", k=100, eps_inf=2.0, eps_1=1.0)``."""
-    return _build(_protocol_class(name), name, params)
-
-
-def make_solution(solution: str, **params: Any) -> "Solution":
-    """Build a multidimensional solution: ``make_solution("ALLOMFREE", ks=[2, 10, 300], eps_inf=2.0,
-    eps_1=1.0)``; ``make_solution(**sol.params())`` rebuilds ``sol``."""
-    return _build(_lookup(_SOLUTIONS, solution, "solution"), solution, params)
+    return construct(_protocol_class(name), name, params)
 
 
 def from_params(params: dict[str, Any]) -> FrequencyProtocol:
@@ -88,8 +68,3 @@ def from_params(params: dict[str, Any]) -> FrequencyProtocol:
     name = p.pop("protocol")
     p.pop("chosen", None)
     return make(name, **p)
-
-
-def solution_from_params(params: dict[str, Any]) -> "Solution":
-    """Inverse of ``solution.params()``."""
-    return make_solution(**params)

@@ -848,6 +848,8 @@ def render(doc: dict[str, Any], console: Any) -> None:
     """The results table and the targets (rich console)."""
     from rich.table import Table
 
+    from .terminal import print_table
+
     t = Table(title=f"ldp bench ingest: {doc['processes']} ingest process(es), {doc['cpus']} CPUs, load generator "
                     f"{doc['generator']} (closed loop) + python (open loop), {doc['broker_storage']} broker storage, "
                     f"Redis AOF rewrite from {doc['redis_aof_rewrite_mb']} MB"
@@ -868,7 +870,7 @@ def render(doc: dict[str, Any], console: Any) -> None:
                       f"{p.cpu.get('redis', 0):.2f}",
                       f"{p.cpu.get('generator', 0):.2f}", *((f"{p.cpu.get('worker', 0):.2f}",) if worker else ()),
                       "-" if p.redis_rewrites is None else str(p.redis_rewrites))
-    console.print(t)
+    print_table(console, t)
     for r in [r for r in doc["results"] if r.curve]:
         curve = "  ".join(f"{p.clients}: {_fmt_rate(p.requests_s)}" for p in r.curve)
         console.print(f"[dim]{r.workload} saturation search, clients: requests/s  {curve}[/dim]")
@@ -889,10 +891,8 @@ def main(cfg: BenchConfig, console: Any) -> int:
         errs += f"  Redis AOF rewrites {p.redis_rewrites}" if p.redis_rewrites else ""
         console.print(f"[dim]  {p.workload:<13} {what:>22}: {_fmt_rate(p.requests_s):>8} requests/s "
                       f"{_fmt_rate(p.reports_s):>10} reports/s  p50 {p.p50_ms:7.2f} ms  p99 {p.p99_ms:7.2f} ms"
-                      f"{errs}[/dim]")
+                      f"{errs}[/dim]", soft_wrap=True)
 
-    if not console.is_terminal:  # a log file: the table's 12 columns need the width
-        console.width = max(console.width, 180)
     doc = run_bench(cfg, on_status=lambda s: console.print(f"[dim]{s}[/dim]"), on_point=point)
     render(doc, console)
     if cfg.json_path is not None:

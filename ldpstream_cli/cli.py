@@ -17,8 +17,9 @@ from ldpstream_dev.stack import CLI_RUN_DIR
 from estimators.errors import LDPError
 from stream_app.settings import setting_specs
 
-from .options import build
-from .terminal import progress_bar
+from .common import DEMO_CAMPAIGN, error_console, fail, stack_addresses
+from .options import build, check_options
+from .terminal import CSV_FLAG, JSON_FLAG, TableOutput, print_table, progress_bar
 
 app = typer.Typer(help="ldp-stream: telemetry under local differential privacy.", no_args_is_help=True,
                   pretty_exceptions_show_locals=False, add_completion=False)
@@ -43,47 +44,90 @@ SIMULATION_BANNER = ("[bold yellow]SIMULATION MODE[/]: --seed {seed} seeds every
 CAL = Annotated[str, typer.Option(help="p2 calibration of L-GRR and LOLOHA: exact or paper.")]
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
 
-def _fail(exc: Exception) -> None:
-    console.print(f"[red]error:[/red] {escape(str(exc))}")  # escaped: a message's [brackets] are text
-    raise typer.Exit(2)
+        print(f"ldp-stream {version('ldp-stream')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: Annotated[bool, typer.Option("--version", help="Print the version and exit.", is_eager=True,
+                                                callback=_print_version)] = False) -> None:
+    """ldp-stream: telemetry under local differential privacy."""
+
 
 
 @app.command()
 def protocols(k: K = 100, eps: EPS = 1.0, eps_inf: EPS_INF = 2.0, eps_1: EPS_1 = 1.0,
-              n: Annotated[int, typer.Option(help="Reports for Var*.")] = 10_000) -> None:
-    """List every protocol with its privacy figures and approximate variance."""
+              n: Annotated[int, typer.Option(help="Reports (devices, for the solutions) for Var*.")] = 10_000,
+              ks: Annotated[str, typer.Option(
+                  "--ks", help="Domain sizes of the multidimensional solutions' attributes, comma-separated.")]
+              = "2,10,50,200",
+              as_json: JSON_FLAG = False, as_csv: CSV_FLAG = False) -> None:
+    """List every protocol and multidimensional solution with its privacy figures and approximate variance."""
+    out = TableOutput(console, as_json, as_csv)
+    domains = _sequence(ks, "--ks") or ()
+    try:
+        check_options(k=k, eps=eps, eps_inf=eps_inf, eps_1=eps_1, n=n)
+        check_options(ks=min(domains, default=0))
+    except ValueError as exc:
+        fail(exc)
     t = Table(title=f"protocols at k={k}, ε={eps}, ε∞={eps_inf}, ε1={eps_1}, Var* at n={n}")
     for col in ("protocol", "parameters", "ε1 (true)", "ε∞ (true)", "worst-case ε", "Var*"):
         t.add_column(col, justify="right" if col not in ("protocol", "parameters") else "left")
     for name in estimators.PROTOCOLS:
         try:
             p = build(name, k=k, eps=eps, eps_inf=eps_inf, eps_1=eps_1)
-        except LDPError as exc:
+        except LDPError as exc:  # this protocol cannot take these options (the options themselves are valid)
             t.add_row(name, f"[yellow]{exc}[/yellow]", "", "", "", "")
             continue
         extra = {a: v for a, v in p.params().items() if a not in ("protocol", "k")}
         t.add_row(name, " ".join(f"{a}={v}" for a, v in extra.items()), f"{p.eps_first:.4f}", f"{p.eps_inf:.4f}",
                   f"{p.worst_case_loss:.4g}", f"{p.variance(n):.3e}")
-    console.print(t)
+    out.show(t)
+    t = Table(title=f"multidimensional solutions (one budget over d={len(domains)} attributes, ks={ks}; ε={eps}, "
+                    f"ε∞={eps_inf}, ε1={eps_1}), Var* per attribute at n={n} devices")
+    for col in ("solution", "channels", "ε1 (tuple)", "ε∞ (tuple)", "worst-case ε", "Var* per attribute"):
+        t.add_column(col, justify="left" if col in ("solution", "channels", "Var* per attribute") else "right")
+    for sol_name, proto in _solution_specs(list(_LISTED_SOLUTIONS)):
+        label = _solution_label(sol_name, proto)
+        try:
+            sol = _build_solution(sol_name, proto, domains, eps, eps_inf, eps_1)
+        except LDPError as exc:
+            t.add_row(label, f"[yellow]{exc}[/yellow]", "", "", "", "")
+            continue
+        t.add_row(label, " ".join(c.name for c in sol.channels), f"{sol.eps_first:.4f}", f"{sol.eps_inf:.4f}",
+                  f"{sol.worst_case_loss:.4g}", " ".join(f"{sol.variance(j, n):.2e}" for j in range(sol.d)))
+    out.show(t)
+    out.close()
 
 
 @app.command()
-def demo(campaign: CAMPAIGN = Path("deploy/campaigns/demo.toml"),
+def demo(campaign: CAMPAIGN = DEMO_CAMPAIGN,
          devices: Annotated[int, typer.Option(help="Simulated devices.")] = 100_000,
          steps: Annotated[int, typer.Option(help="Time steps.")] = 6,
          workers: Annotated[int, typer.Option(help="Stream-app worker processes.")] = 2,
          batch_size: Annotated[int, typer.Option(help="Reports per Kafka message.")] = 50_000,
          step_seconds: Annotated[float, typer.Option(help="Minimum wall time per step (to watch it).")] = 2.0,
          top: Annotated[int, typer.Option(help="Values shown per attribute.")] = 8,
-         seed: SIM_SEED = None) -> None:
+         seed: SIM_SEED = None,
+         keep_run_dir: Annotated[bool, typer.Option(
+             help="Keep the run directory (stack data, worker logs; ldp-demo-* in the temporary directory).")]
+         = False) -> None:
     """The whole pipeline on the embedded local stack: stack up, workers, a simulated fleet, and a live
     view of true vs estimated histograms and privacy figures; everything is stopped on exit or Ctrl-C."""
     from .demo import run_demo
 
+    try:
+        check_options(devices=devices, steps=steps, workers=workers, batch_size=batch_size, top=top)
+    except ValueError as exc:
+        fail(exc)
     if seed is not None:
         console.print(SIMULATION_BANNER.format(seed=seed))
-    raise typer.Exit(run_demo(campaign, devices, steps, workers, batch_size, step_seconds, seed, top, console))
+    raise typer.Exit(run_demo(campaign, devices, steps, workers, batch_size, step_seconds, seed, top, console,
+                              keep_run_dir))
 
 
 @app.command()
@@ -114,12 +158,16 @@ def simulate(n: Annotated[int, typer.Option(help="Devices in the simulated fleet
     from producers.fleet import true_frequencies
 
     names = protocol or list(estimators.PROTOCOLS)
+    try:
+        check_options(n=n, k=k, steps=steps, eps=eps, eps_inf=eps_inf, eps_1=eps_1)
+    except ValueError as exc:
+        fail(exc)
     console.print(f"[bold]ldp-stream offline demo[/bold]: {n:,} devices, k={k}, {steps} steps, dataset={dataset} "
                   f"(zipf base, p_change={p_change}), ε={eps}, ε∞={eps_inf}, ε1={eps_1}")
     try:
         protos = {name: build(name, k=k, eps=eps, eps_inf=eps_inf, eps_1=eps_1) for name in names}
     except LDPError as exc:
-        _fail(exc)
+        fail(exc)
     console.print(SIMULATION_BANNER.format(seed=seed))
     rng = np.random.default_rng(seed)
     pop = EvolvingPopulation(n=n, k=k, kind=dataset, p_change=p_change, base="zipf", rng=np.random.default_rng(seed + 1))
@@ -146,7 +194,7 @@ def simulate(n: Annotated[int, typer.Option(help="Devices in the simulated fleet
         truth = true_frequencies(p, pop.values)
         t.add_row(name, f"{np.mean(sq_err[name]):.3e}", f"{np.mean(p.variance_exact(truth, n)):.3e}",
                   f"{p.eps_first:.3f}", f"{p.eps_inf:.3f}", f"{loss:.3g}", f"{p.worst_case_loss:.3g}")
-    console.print(t)
+    print_table(console, t)
     truth = pop.true_frequencies()
     top = np.argsort(truth)[::-1][:10]
     show = [nm for nm in ("L-OSUE", "LOLOHA", "OLH", "GRR") if nm in last and protos[nm].domain_size == k][:3]
@@ -157,7 +205,7 @@ def simulate(n: Annotated[int, typer.Option(help="Devices in the simulated fleet
         h.add_column(nm, justify="right")
     for v in top:
         h.add_row(str(v), f"{truth[v]:.4f}", *(f"{last[nm][v]:.4f}" for nm in show))
-    console.print(h)
+    print_table(console, h)
 
 
 _ROUND_TITLES = {"first": "first round (one report per device, claim ε1)",
@@ -171,7 +219,7 @@ def _sequence(text: Optional[str], name: str) -> Optional[tuple[int, ...]]:
     try:
         return tuple(int(x) for x in text.replace(" ", "").split(",") if x)
     except ValueError:
-        _fail(LDPError(f"{name} must be comma-separated integers, got {text!r}"))
+        fail(LDPError(f"{name} must be comma-separated integers, got {text!r}"))
 
 
 @app.command()
@@ -210,10 +258,10 @@ def audit(protocol: Annotated[Optional[str], typer.Argument(help="Protocol to au
     rounds = list(dict.fromkeys(round_ or A.ROUNDS))
     bad = [r for r in rounds if r not in A.ROUNDS]
     if bad:
-        _fail(LDPError(f"--round must be one of {', '.join(A.ROUNDS)}, got {', '.join(bad)}"))
+        fail(LDPError(f"--round must be one of {', '.join(A.ROUNDS)}, got {', '.join(bad)}"))
     s1, s2 = _sequence(seq1, "--seq1"), _sequence(seq2, "--seq2")
     if (s1 is None) != (s2 is None):
-        _fail(LDPError("pass both --seq1 and --seq2, or neither"))
+        fail(LDPError("pass both --seq1 and --seq2, or neither"))
     try:
         if protocol is None:
             plan = A.plan_audit_cases(k)
@@ -229,9 +277,9 @@ def audit(protocol: Annotated[Optional[str], typer.Argument(help="Protocol to au
             plans[r] = jobs
             skipped += skip
     except LDPError as exc:
-        _fail(exc)
+        fail(exc)
     if not any(plans.values()):
-        _fail(LDPError(f"nothing to audit in round(s) {', '.join(rounds)}: the PRR and longitudinal rounds "
+        fail(LDPError(f"nothing to audit in round(s) {', '.join(rounds)}: the PRR and longitudinal rounds "
                        "need a memoizing protocol"))
     failed = False
     for r in rounds:
@@ -247,7 +295,7 @@ def audit(protocol: Annotated[Optional[str], typer.Argument(help="Protocol to au
                     results.append(job.run(trials=trials, seed=seed, confidence=confidence,
                                            on_progress=lambda done, tot, t=task: bar.update(t, completed=done)))
                 except LDPError as exc:
-                    _fail(exc)
+                    fail(exc)
         n = A.DEFAULT_TRIALS[r] if trials is None else trials
         unit = (f"{n:,} devices per sequence" if r == "longitudinal"
                 else f"{n:,} {'fresh devices' if r == 'prr' else 'reports'} per input")
@@ -260,7 +308,7 @@ def audit(protocol: Annotated[Optional[str], typer.Argument(help="Protocol to au
                       f"{res.eps_lower:.4f}",
                       f"{res.eps_hat:.4f} [{res.eps_hat_ci[0]:.3f}, {res.eps_hat_ci[1]:.3f}]", f"{res.tightness:.1%}",
                       "[green]ok[/green]" if res.passed else "[red]LEAKS MORE THAN STATED[/red]")
-        console.print(t)
+        print_table(console, t)
         failed |= not all(res.passed for res in results)
     for s in skipped:
         console.print(f"[yellow]skipped[/yellow] {s}")
@@ -282,36 +330,43 @@ def bench_protocols(k: K = 100, n: Annotated[int, typer.Option(help="Reports per
                         "--ks", help="Domain sizes of the solutions' attributes, comma-separated.")] = "2,10,50,200",
                     repeats: Annotated[int, typer.Option(help="Best of this many runs of ours.")] = 5,
                     peer_seconds: Annotated[float, typer.Option(help="Time budget of each peer measurement.")] = 4.0,
-                    seed: SEED = 0) -> None:
+                    seed: SEED = 0, as_json: JSON_FLAG = False, as_csv: CSV_FLAG = False) -> None:
     """reports/s of randomize and support (+estimate), ours vs multi-freq-ldpy, in one run: single-attribute
     protocols (domain size --k) and multidimensional solutions (domain sizes --ks)."""
     from . import bench_peer
 
+    out = TableOutput(console, as_json, as_csv)
+    con = out.console
+    try:
+        check_options(k=k, eps=eps, eps_inf=eps_inf, eps_1=eps_1, n=n, repeats=repeats, peer_seconds=peer_seconds)
+    except ValueError as exc:
+        fail(exc)
+
     have_peer = bench_peer.peer_available()
     if not have_peer:
-        console.print("[yellow]multi-freq-ldpy is not installed (pip install -e '.[bench]'): peer columns empty[/yellow]")
+        con.print("[yellow]multi-freq-ldpy is not installed (pip install -e '.[bench]'): peer columns empty[/yellow]")
     names = list(estimators.PROTOCOLS) if (protocol is None and solution is None) or protocol == ["all"] \
         else list(protocol or ())
     try:
         sols = _solution_specs(solution or ([] if protocol else ["default"]))
     except ValueError as exc:
-        _fail(exc)
+        fail(exc)
     domains = _sequence(ks, "--ks") or ()
     if sols and (not domains or min(domains) < 2):
-        _fail(LDPError(f"--ks needs at least one domain size, each >= 2, got {ks!r}"))
+        fail(LDPError(f"--ks needs at least one domain size, each >= 2, got {ks!r}"))
     # randomize: >= 20x with cryptographic device randomness (ChaCha20 streams, 256-bit keys)
     targets = {("OUE", "rand"): 20, ("OLH", "rand"): 20, ("L-OSUE", "rand"): 20, ("GRR", "rand"): 20,
                ("OLH", "agg"): 50, ("LOLOHA", "agg"): 50}
     targets.update({(_solution_label(*s), kind): 20 for s in sols for kind in ("rand", "agg")})
     rows, sol_rows, prefixes = [], [], []
-    with progress_bar(console) as bar:
+    with progress_bar(con) as bar:
         task = bar.add_task("benchmarking", total=len(names) + len(sols))
         for name in names:
             bar.update(task, description=f"bench {name}")
             try:
                 p = build(name, k=k, eps=eps, eps_inf=eps_inf, eps_1=eps_1)
             except LDPError as exc:
-                console.print(f"[yellow]{name}: {exc}[/yellow]")
+                con.print(f"[yellow]{name}: {exc}[/yellow]")
                 bar.advance(task)
                 continue
             ours_r, ours_a = _time_ours(p, n, repeats, seed)
@@ -334,7 +389,7 @@ def bench_protocols(k: K = 100, n: Annotated[int, typer.Option(help="Reports per
             try:
                 sol = _build_solution(sol_name, proto, domains, eps, eps_inf, eps_1)
             except LDPError as exc:
-                console.print(f"[yellow]{label}: {exc}[/yellow]")
+                con.print(f"[yellow]{label}: {exc}[/yellow]")
                 bar.advance(task)
                 continue
             ours_r, ours_a = _time_ours_solution(sol, values, repeats)
@@ -370,19 +425,22 @@ def bench_protocols(k: K = 100, n: Annotated[int, typer.Option(help="Reports per
         for name, r_o, r_p, a_o, a_p in table_rows:
             t.add_row(name, _si(r_o), _si(r_p), ratio(name, "rand", r_o, r_p),
                       _si(a_o), _si(a_p), ratio(name, "agg", a_o, a_p))
-        console.print(t)
+        out.show(t)
+    out.close()
     if sol_rows:
-        console.print("solutions: ours = randomize of n devices (OS CSPRNG keys; state made once, outside the timing) "
+        con.print("solutions: ours = randomize of n devices (OS CSPRNG keys; state made once, outside the timing) "
                       "and support + report counts + every attribute's estimate; peer = one client call per device, "
                       "then one aggregator call (ALLOMFREE vs the peer's L-SMP[L-ADP], its 'ALLOMFREE')")
         if prefixes:
-            console.print(f"peer subsampled (per-report rate over the first m of the {n:,} devices, "
+            con.print(f"peer subsampled (per-report rate over the first m of the {n:,} devices, "
                           f"--peer-seconds {peer_seconds:g}): " + "; ".join(prefixes))
 
 
 _DEFAULT_SOLUTIONS = ("SPL[GRR]", "SPL[OUE]", "SPL[ADP]", "SMP[GRR]", "SMP[OUE]", "SMP[ADP]", "RS+FD[GRR]",
                       "RS+FD[OUE-z]", "RS+FD[OUE-r]", "RS+FD[ADP]", "L-SPL[L-GRR]", "L-SPL[L-OSUE]",
                       "L-SMP[L-GRR]", "L-SMP[L-OSUE]", "ALLOMFREE")
+# `ldp protocols` lists the standard set and every solution it leaves out
+_LISTED_SOLUTIONS = (*_DEFAULT_SOLUTIONS, "L-RS+FD[L-GRR]", "L-RS+FD[L-OSUE]")
 
 
 def _solution_specs(texts: list[str]) -> list[tuple[str, Optional[str]]]:
@@ -406,7 +464,7 @@ def _solution_label(name: str, protocol: Optional[str]) -> str:
 def _build_solution(name: str, protocol: Optional[str], ks: tuple[int, ...], eps: float, eps_inf: float,
                     eps_1: float) -> estimators.Solution:
     """``estimators.make_solution`` with the options the solution takes (ε, or ε∞ and ε1; the protocol)."""
-    from estimators.registry import solution_parameters
+    from estimators.solution_registry import solution_parameters
 
     takes = solution_parameters(name)
     if protocol is not None and "protocol" not in takes:
@@ -457,17 +515,25 @@ def bench_pipeline(steps: Annotated[int, typer.Option(help="Time steps per proto
                    protocol: Annotated[Optional[list[str]], typer.Option(
                        "--protocol", "-p", help="GRR and/or L-OSUE (repeatable); default: both.")] = None,
                    latency: Annotated[bool, typer.Option(
-                       help="Also measure the latency under a paced load (with --workers workers).")] = True) -> None:
+                       help="Also measure the latency under a paced load (with --workers workers).")] = True,
+                   as_json: JSON_FLAG = False, as_csv: CSV_FLAG = False) -> None:
     """End-to-end reports/s (produce → final estimate) with 1, 2, 4, ... workers and latency, next to the raw
     broker, same bytes, one run."""
     from .bench_pipeline import run_scaling
 
+    out = TableOutput(console, as_json, as_csv)
+    con = out.console
+
     known = {"GRR": (grr_reports, dict(eps=1.0)), "L-OSUE": (losue_reports, dict(eps_inf=2.0, eps_1=1.0))}
     names = protocol or list(known)
     bad = [n for n in names if n not in known]
-    if bad or min(workers, runs, partitions or 1) < 1:
-        _fail(ValueError(f"unknown protocol(s) {bad} (GRR, L-OSUE)" if bad else
-                         "--workers, --runs and --partitions must be >= 1"))
+    try:
+        if bad:
+            raise ValueError(f"unknown protocol(s) {bad} (GRR, L-OSUE)")
+        check_options(steps=steps, grr_reports=grr_reports, losue_reports=losue_reports, message_bytes=message_bytes,
+                      workers=workers, partitions=partitions, runs=runs)
+    except ValueError as exc:
+        fail(exc)
     targets = {"rate": 2e6, "ratio": 0.25, "p95": 2.0, "scale": 0.9}
     results = []
     for name in names:
@@ -476,7 +542,7 @@ def bench_pipeline(steps: Annotated[int, typer.Option(help="Time steps per proto
         batch = max(1_000, min(per, message_bytes // per_report))
         results.append(run_scaling(name, 100, steps, per, batch, workers, partitions=partitions, runs=runs,
                                    latency_load=0.5 if latency else None,
-                                   on_status=lambda s: console.print(f"[dim]{s}[/dim]"), **params))
+                                   on_status=lambda s: con.print(f"[dim]{s}[/dim]"), **params))
     parts = results[0]["partitions"]
     raw = " / ".join(f"{r['protocol']} {_si(r['raw_rate'])}" for r in results)
     t = Table(title=f"pipeline scaling, k=100, {parts} partitions, ~{message_bytes / 1e6:g} MB messages, "
@@ -493,8 +559,8 @@ def bench_pipeline(steps: Annotated[int, typer.Option(help="Time steps per proto
             owning = str(row.owners) + (" [yellow](rebalanced)[/yellow]" if row.rebalanced else "")
             t.add_row(r["protocol"], str(row.workers), owning, _si(row.rate) + "/s", spread,
                       f"{row.rate / r['raw_rate']:.2f}", f"{vs1:.2f}{mark}", f"{np.median(row.saturated_p95):.2f} s")
-    console.print(t)
-    console.print(f"raw broker = produce (acks=all) + consume of the same bytes, no processing (median {raw} reports/s); "
+    out.show(t)
+    con.print(f"raw broker = produce (acks=all) + consume of the same bytes, no processing (median {raw} reports/s); "
                   f"each row is a consumer group of its own, started, settled (each worker owns partitions) and "
                   f"warmed up first, then frozen while the others run; the rows and the raw broker are measured in "
                   f"turns; the steps of a run take the {parts} partitions in turn")
@@ -511,12 +577,13 @@ def bench_pipeline(steps: Annotated[int, typer.Option(help="Time steps per proto
                       f"{r['ratio']:.2f}" + ("" if r["ratio"] >= targets["ratio"] else " [red]<0.25[/red]"),
                       f"{r['p95_latency']:.2f} s" + ("" if r["p95_latency"] < targets["p95"] else " [red]≥2s[/red]"),
                       f"{max(r['latencies']):.2f} s", f"{r['saturated_p95_latency']:.2f} s")
-        console.print(t)
-        console.print("latency: last report of a step (its watermark acknowledged) → final estimate on "
+        out.show(t)
+        con.print("latency: last report of a step (its watermark acknowledged) → final estimate on "
                       "ldp.estimates, with the producer paced at 50% of the measured end-to-end rate; 'saturated' = "
                       "the same in the throughput run, where it is the queue of a producer outrunning the workers")
-    console.print("targets: GRR ≥ 2M reports/s end to end, ≥ 0.25 of the raw broker, p95 latency < 2 s; "
+    con.print("targets: GRR ≥ 2M reports/s end to end, ≥ 0.25 of the raw broker, p95 latency < 2 s; "
                   "every row ≥ 0.9x the 1-worker row")
+    out.close()
 
 
 @bench_app.command("ingest")
@@ -563,7 +630,7 @@ def bench_ingest(processes: Annotated[int, typer.Option(help="Processes of `ldp 
     try:
         code = bench_main(cfg, console)
     except (ValueError, RuntimeError, TimeoutError) as exc:
-        _fail(exc)
+        fail(exc)
     raise typer.Exit(code)
 
 
@@ -598,32 +665,15 @@ def _time_ours(p: estimators.FrequencyProtocol, n: int, repeats: int, seed: int)
     return n / best_r, n / best_a
 
 
-def _stack_addresses(kafka: str | None, redis_url: str | None, need_redis: bool = True,
-                     run_dir: str = str(CLI_RUN_DIR)) -> tuple[str, str | None]:
-    """Broker and Redis addresses: the options, else those of `ldp stack up`."""
-    if kafka and (redis_url or not need_redis):
-        return kafka, redis_url
-    from ldpstream_dev.errors import StackError
-    from ldpstream_dev.stack import LocalStack
-
-    try:
-        info = LocalStack.from_run_dir(Path(run_dir)).info
-    except StackError:
-        _fail(LDPError("no --kafka given and no local stack running (start one with `ldp stack up`)"))
-    import os
-
-    if not kafka and info.kafka_security and not os.environ.get("LDP_KAFKA_SECURITY_PROTOCOL"):
-        os.environ.update(info.kafka_security)  # a secured stack's SASL / TLS settings (wire.transport)
-    return kafka or info.kafka_bootstrap, redis_url or info.redis_url
-
-
-CAMPAIGN = Annotated[Path, typer.Option("--campaign", "-c", help="Campaign file (TOML).", exists=True, dir_okay=False)]
+CAMPAIGN = Annotated[Path, typer.Option(
+    "--campaign", "-c", help="Campaign file (TOML). Default: the demo campaign (deploy/campaigns/demo.toml, shipped "
+                             "with the CLI).", exists=True, dir_okay=False, show_default=False)]
 KAFKA = Annotated[Optional[str], typer.Option("--kafka", help="Kafka bootstrap host:port (default: `ldp stack up`'s).")]
 REDIS = Annotated[Optional[str], typer.Option("--redis", help="Redis URL (default: `ldp stack up`'s).")]
 
 
 @app.command()
-def produce(campaign: CAMPAIGN = Path("deploy/campaigns/demo.toml"), kafka: KAFKA = None,
+def produce(campaign: CAMPAIGN = DEMO_CAMPAIGN, kafka: KAFKA = None,
             devices: Annotated[int, typer.Option(help="Simulated devices.")] = 100_000,
             steps: Annotated[int, typer.Option(help="Time steps to send (after those a --state-dir holds).")] = 5,
             dataset: Annotated[str, typer.Option(help="uniform, zipf or syn.")] = "syn",
@@ -649,13 +699,13 @@ def produce(campaign: CAMPAIGN = Path("deploy/campaigns/demo.toml"), kafka: KAFK
 
     limit_repeated_logs(("aiokafka",))
 
-    bootstrap, _ = _stack_addresses(kafka, None, need_redis=False)
+    bootstrap, _ = stack_addresses(kafka, None, need_redis=False)
     try:  # a state directory that is locked, unreadable or made with other options is refused here
         camp = Campaign.load(campaign)
         fleet = Fleet(FleetConfig(camp, devices, steps, dataset=dataset, p_change=p_change, batch_size=batch_size,
                                   rate=rate, seed=seed, state_dir=state_dir))
     except (CampaignError, ValueError, OSError) as exc:  # FleetStateError is a ValueError
-        _fail(exc)
+        fail(exc)
     with fleet:
         topic = Topics.with_prefix(topic_prefix).reports
         total = devices * steps * fleet.reports_per_device
@@ -678,7 +728,7 @@ def produce(campaign: CAMPAIGN = Path("deploy/campaigns/demo.toml"), kafka: KAFK
                 summary = asyncio.run(publish(fleet, bootstrap, topic, on_progress=hook, keep_supports=False,
                                               partitions=partitions, retry_deadline=retry_deadline))
             except (LDPError, OSError) as exc:  # PublishError, FleetStateError; a state directory that cannot be written
-                _fail(exc)
+                fail(exc)
     for line in summary.lines():
         console.print("  " + line)
 
@@ -726,28 +776,28 @@ def worker(campaign_paths: Annotated[Optional[list[Path]], _setting_option("camp
     try:
         values = WorkerSettings.merge(given)
         if "campaign_paths" in values and not {"kafka_bootstrap", "redis_url"} <= values.keys():
-            values["kafka_bootstrap"], values["redis_url"] = _stack_addresses(values.get("kafka_bootstrap"),
+            values["kafka_bootstrap"], values["redis_url"] = stack_addresses(values.get("kafka_bootstrap"),
                                                                               values.get("redis_url"))
         settings = WorkerSettings.from_values(values)
     except SettingsError as exc:
-        _fail(exc)
+        fail(exc)
     missing = [str(p) for p in settings.campaign_paths if not p.is_file()]
     if missing:
-        _fail(LDPError(f"campaign file(s) not found: {', '.join(missing)}"))
+        fail(LDPError(f"campaign file(s) not found: {', '.join(missing)}"))
     from wire.transport import KafkaSecurity, RedisSecurity, TransportConfigError
 
     try:  # LDP_KAFKA_* / LDP_REDIS_* (wire.transport): a clear message now rather than a client's traceback later
         KafkaSecurity.from_env()
         RedisSecurity.from_env().client_kwargs(settings.redis_url)
     except TransportConfigError as exc:
-        _fail(exc)
+        fail(exc)
     run_worker(settings)
 
 
 @app.command()
 def soak(minutes: Annotated[float, typer.Option(help="Length of the fault window (the fleet sends that long).")] = 10.0,
          seconds: Annotated[Optional[float], typer.Option(help="The same in seconds (overrides --minutes).")] = None,
-         campaign: CAMPAIGN = Path("deploy/campaigns/demo.toml"),
+         campaign: CAMPAIGN = DEMO_CAMPAIGN,
          devices: Annotated[int, typer.Option(help="Simulated devices (reports per attribute and step).")] = 20_000,
          step_seconds: Annotated[float, typer.Option(help="One fleet step every this many seconds.")] = 3.0,
          batch_size: Annotated[int, typer.Option(help="Reports per Kafka message.")] = 5_000,
@@ -776,7 +826,7 @@ def soak(minutes: Annotated[float, typer.Option(help="Length of the fault window
                          keep_run_dir=keep_run_dir,
                          faults=tuple(f.strip() for f in faults.split(",") if f.strip()) if faults else FAULT_KINDS)
     except ValueError as exc:
-        _fail(exc)
+        fail(exc)
     console.print(SIMULATION_BANNER.format(seed=seed) + " (the soak re-simulates the fleet offline as its truth)")
     raise typer.Exit(run_soak(cfg, console, json_path))
 
@@ -810,7 +860,7 @@ def stack_up(run_dir: RUN_DIR = str(CLI_RUN_DIR),
                                redis_password=secrets.token_urlsafe(18) if redis_auth else None)
             info = stack.up()
     except StackError as exc:
-        _fail(exc)
+        fail(exc)
     console.print(f"[green]stack up[/green] in {info.run_dir}\n  kafka  {info.kafka_bootstrap} "
                   f"({stack.kafka_security.describe()})\n  redis  {redact_url(info.redis_url)}"
                   f"\n  broker storage  {info.broker_storage}")
@@ -825,7 +875,7 @@ def stack_down(run_dir: RUN_DIR = str(CLI_RUN_DIR)) -> None:
     try:
         LocalStack.from_run_dir(Path(run_dir)).down()
     except StackError as exc:
-        _fail(exc)
+        fail(exc)
     console.print("[green]stack down[/green]")
 
 
@@ -840,7 +890,7 @@ def stack_status(run_dir: RUN_DIR = str(CLI_RUN_DIR)) -> None:
     try:
         st = LocalStack.from_run_dir(Path(run_dir)).status()
     except StackError as exc:
-        _fail(exc)
+        fail(exc)
     console.print_json(json.dumps(st, default=str))
 
 
@@ -859,7 +909,7 @@ def main() -> None:
     try:
         app()
     except DevExtraMissingError as exc:  # `ldp demo`, the benches ... without the dev extra: one line, exit 2
-        console.print(f"[red]error:[/red] {escape(str(exc))}")
+        error_console.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True, highlight=False)
         raise SystemExit(2) from None
 
 

@@ -5,12 +5,14 @@ simulated fleet publishing one step at a time through :func:`producers.fleet.pub
 then a watermark per attribute; its ``on_step`` hook paces the steps and draws the view) → the
 final estimates read back from a worker's HTTP API and shown next to the true histograms,
 with the privacy figures; the first worker's dashboard URL (its built-in page) is printed and stays in the
-view's header. Everything is stopped on exit, Ctrl-C or SIGTERM.
+view's header. Everything is stopped on exit, Ctrl-C or SIGTERM, and the run directory (stack data, logs) is
+removed unless it is to be kept.
 """
 from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import signal
 import tempfile
 import time
@@ -64,26 +66,31 @@ def _view(campaign: Campaign, truth: dict, finals: dict, header: str, top: int) 
 
 
 def run_demo(campaign_path: Path, devices: int, steps: int, workers: int, batch: int, step_seconds: float,
-             seed: int | None, top: int, console: Console) -> int:
-    """Run the demo; returns the exit code (0 done, 130 interrupted by Ctrl-C or SIGTERM)."""
+             seed: int | None, top: int, console: Console, keep_run_dir: bool = False) -> int:
+    """Run the demo; returns the exit code (0 done, 130 interrupted by Ctrl-C or SIGTERM). The run directory
+    (``ldp-demo-*`` in the system's temporary directory) is removed at the end unless ``keep_run_dir``."""
     campaign = Campaign.load(campaign_path)
     previous = signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM cleans up like Ctrl-C
+    run = Path(tempfile.mkdtemp(prefix="ldp-demo-"))
     try:
-        return _run(campaign_path, campaign, devices, steps, workers, batch, step_seconds, seed, top, console)
+        return _run(run, campaign_path, campaign, devices, steps, workers, batch, step_seconds, seed, top, console)
     finally:
         signal.signal(signal.SIGTERM, previous)
+        if keep_run_dir:
+            console.print(f"run directory kept: {run}", soft_wrap=True)
+        else:
+            shutil.rmtree(run, ignore_errors=True)
 
 
 def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def _run(campaign_path: Path, campaign: Campaign, devices: int, steps: int, workers: int, batch: int,
+def _run(run: Path, campaign_path: Path, campaign: Campaign, devices: int, steps: int, workers: int, batch: int,
          step_seconds: float, seed: int | None, top: int, console: Console) -> int:
     from ldpstream_dev.stack import LocalStack
     from ldpstream_dev.workers import WorkerProcess
 
-    run = Path(tempfile.mkdtemp(prefix="ldp-demo-"))
     stack = LocalStack(run_dir=run / "stack")
     procs: list[WorkerProcess] = []
     try:

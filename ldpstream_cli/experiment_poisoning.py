@@ -36,7 +36,9 @@ from producers.datasets import zipf_weights
 
 from .experiments import runner
 from .experiments.runner import floats
+from .common import fail
 from .options import build
+from .terminal import print_table
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -227,9 +229,8 @@ def register(group: typer.Typer) -> None:
             rows = run(protocol or DEFAULT_PROTOCOLS, floats(eps, "--eps"), attack or DEFAULT_ATTACKS,
                        floats(betas, "--betas"), n=n, k=k, r=targets, seed=seed, alpha=alpha)
         except LDPError as exc:
-            console.print(f"[red]error:[/red] {exc}")
-            raise typer.Exit(2)
-        console.print(table(rows, f"poisoning: n={n:,} genuine devices (Zipf 1.1), k={k}, r={targets} targets, "
+            fail(exc)
+        print_table(console, table(rows, f"poisoning: n={n:,} genuine devices (Zipf 1.1), k={k}, r={targets} targets, "
                                   f"α={alpha:g}, seed {seed}"))
         console.print("gain = Σ over the targets of (estimate after the attack − estimate of the genuine reports); "
                       "defended = the same after the defenses that are sound for the protocol (unary: report-size "

@@ -5,13 +5,13 @@ from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
-from rich.console import Console
 
 from stream_app.ingest.settings import ingest_setting_specs
 
+from .common import fail, stack_addresses
+
 __all__ = ["register"]
 
-console = Console(stderr=True)
 tokens_app = typer.Typer(help="Device tokens of the ingest (HMAC-signed; the secret: LDP_DEVICE_SECRET or "
                               "LDP_DEVICE_SECRET_FILE).", no_args_is_help=True)
 
@@ -57,16 +57,14 @@ def ingest(campaign_paths: Annotated[Optional[list[Path]], _option("campaign_pat
     from stream_app.settings import SettingsError
     from wire.campaign import CampaignError
 
-    from .cli import _fail, _stack_addresses
-
     try:
         if not (given["kafka_bootstrap"] or _env("kafka_bootstrap")) or not (given["redis_url"] or _env("redis_url")):
-            given["kafka_bootstrap"], given["redis_url"] = _stack_addresses(
+            given["kafka_bootstrap"], given["redis_url"] = stack_addresses(
                 given["kafka_bootstrap"] or _env("kafka_bootstrap"), given["redis_url"] or _env("redis_url"))
         settings = IngestSettings.from_env(**given)
         status = serve(settings)
     except (SettingsError, SecretError, CampaignError) as exc:
-        _fail(exc)
+        fail(exc)
     raise typer.Exit(status)
 
 
@@ -84,17 +82,15 @@ def tokens_issue(count: Annotated[int, typer.Option("--count", "-n", help="Token
     """Print new device tokens (each with a random 128-bit device id), signed with the server secret."""
     from stream_app.ingest.auth import DEVICE, RELAY, DeviceSecret, SecretError, TokenAuthority
 
-    from .cli import _fail
-
     try:
         secret = DeviceSecret.from_env()
     except SecretError as exc:
-        _fail(exc)
+        fail(exc)
     if secret is None:
-        _fail(ValueError("no server secret: set LDP_DEVICE_SECRET or LDP_DEVICE_SECRET_FILE "
+        fail(ValueError("no server secret: set LDP_DEVICE_SECRET or LDP_DEVICE_SECRET_FILE "
                          "(`ldp tokens new-secret` makes one)"))
     if count < 1 or not days > 0:
-        _fail(ValueError("--count must be >= 1 and --days > 0"))
+        fail(ValueError("--count must be >= 1 and --days > 0"))
     authority = TokenAuthority(secret)  # type: ignore[arg-type]
     kind = RELAY if relay else DEVICE
     print("\n".join(authority.issue(days * 86400.0, kind=kind) for _ in range(count)))

@@ -81,13 +81,15 @@ from wire.envelope import pack_reports
 from wire.topics import ESTIMATES_TOPIC, REPORTS_TOPIC, message_key
 from wire.transport import redact_url
 
+from .common import DEMO_CAMPAIGN
+from .terminal import print_table
+
 __all__ = ["FAULT_KINDS", "OfflineTruth", "SoakConfig", "SoakReport", "compare", "run_soak"]
 
 #: The faults, in the order of the rotation.
 FAULT_KINDS = ("worker_kill", "duplicate_batch", "producer_kill", "worker_add", "redis_restart", "worker_remove",
                "broker_restart")
 _ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_CAMPAIGN = _ROOT / "deploy" / "campaigns" / "demo.toml"
 APP_ID = "ldp-soak"
 _DATASET, _P_CHANGE = "syn", 0.25  # the fleet's dataset, passed to `ldp produce` and to the offline truth
 _METRICS = ("ldp_duplicate_batches_total", "ldp_reports_total", "ldp_rejected_batches_total",
@@ -98,7 +100,7 @@ _METRICS = ("ldp_duplicate_batches_total", "ldp_reports_total", "ldp_rejected_ba
 class SoakConfig:
     """What to run and for how long (``ldp soak`` options)."""
 
-    campaign: Path = DEFAULT_CAMPAIGN
+    campaign: Path = DEMO_CAMPAIGN
     seconds: float = 600.0          # the fault window; the fleet sends seconds / step_seconds steps
     devices: int = 20_000
     step_seconds: float = 3.0
@@ -807,7 +809,7 @@ def run_soak(config: SoakConfig, console: Console, json_path: Path | None = None
     try:
         soak = Soak(config, lambda line: console.print(line, highlight=False, soft_wrap=True))
         report = soak.run()
-        console.print(report.table())
+        print_table(console, report.table())
         for problem in report.problems:
             console.print(f"[red]problem:[/red] {escape(problem)}")
         if json_path is not None:

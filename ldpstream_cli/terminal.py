@@ -1,13 +1,106 @@
-"""What the commands print with: the progress bar of every long run (rich)."""
+"""What the commands print with: the progress bar of every long run and the tables (rich).
+
+A table is never cut: on a terminal it takes the terminal's width, elsewhere (a pipe, a file) its
+natural width. With ``--json`` or ``--csv`` a command prints its tables in that format on stdout and
+everything else on stderr."""
 from __future__ import annotations
 
+import csv
+import json
+import math
+import sys
+from typing import Annotated, Any
+
+import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+from rich.text import Text
 
-__all__ = ["progress_bar"]
+from .common import error_console, fail
+
+__all__ = ["JSON_FLAG", "CSV_FLAG", "TableOutput", "print_table", "progress_bar", "table_data"]
+
+JSON_FLAG = Annotated[bool, typer.Option("--json", help="Print the tables as JSON on stdout (everything else on "
+                                                        "stderr).")]
+CSV_FLAG = Annotated[bool, typer.Option("--csv", help="Print the tables as CSV on stdout (everything else on "
+                                                      "stderr).")]
 
 
 def progress_bar(console: Console) -> Progress:
     """Description, bar, done/total, elapsed and remaining time, printed on ``console`` (kept when done)."""
     return Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
                     TimeElapsedColumn(), TimeRemainingColumn(), console=console, transient=False)
+
+
+def print_table(console: Console, table: Table) -> None:
+    """Print ``table`` uncut: at the terminal's width, or at its natural width when ``console`` is not a terminal."""
+    if console.is_terminal:
+        console.print(table)
+        return
+    natural = console.measure(table, options=console.options.update_width(1 << 20)).maximum
+    width = console.width
+    console.width = max(width, natural)
+    try:
+        console.print(table)
+    finally:
+        console.width = width
+
+
+def _plain(cell: Any) -> str:
+    return cell.plain if isinstance(cell, Text) else Text.from_markup(str(cell)).plain
+
+
+def _value(text: str) -> int | float | str:
+    """A cell as JSON: a finite number where the text is one, else the text (``inf`` stays a string)."""
+    for kind in (int, float):
+        try:
+            number = kind(text)
+        except ValueError:
+            continue
+        return number if math.isfinite(number) else text
+    return text
+
+
+def table_data(table: Table) -> dict[str, Any]:
+    """``{"title", "columns", "rows"}`` of a rich table, its cells as plain text (markup removed)."""
+    columns = [_plain(c.header) for c in table.columns]
+    cells = [[_plain(cell) for cell in c.cells] for c in table.columns]
+    return {"title": _plain(table.title or ""), "columns": columns, "rows": [list(r) for r in zip(*cells)]}
+
+
+class TableOutput:
+    """Where a command's tables go: rich tables on ``console``, or, with ``--json`` / ``--csv``, collected and
+    written to stdout by :meth:`close` (then :attr:`console`, for everything else, is stderr)."""
+
+    def __init__(self, console: Console, as_json: bool = False, as_csv: bool = False) -> None:
+        if as_json and as_csv:
+            fail(ValueError("--json and --csv exclude each other"))
+        self.format = "json" if as_json else "csv" if as_csv else "table"
+        self.console = console if self.format == "table" else error_console
+        self._tables: list[dict[str, Any]] = []
+
+    def show(self, table: Table) -> None:
+        """Print ``table`` now (rich), or keep it for :meth:`close`."""
+        if self.format == "table":
+            print_table(self.console, table)
+        else:
+            self._tables.append(table_data(table))
+
+    def close(self) -> None:
+        """Write the kept tables: JSON, a list of ``{"title", "columns", "rows"}``; CSV, per table a ``# title``
+        line, the header and the rows, tables separated by an empty line."""
+        if self.format == "json":
+            for t in self._tables:
+                t["rows"] = [[_value(c) for c in row] for row in t["rows"]]
+            json.dump(self._tables, sys.stdout, ensure_ascii=False, indent=1, allow_nan=False)
+            sys.stdout.write("\n")
+        elif self.format == "csv":
+            writer = csv.writer(sys.stdout, lineterminator="\n")
+            for i, t in enumerate(self._tables):
+                if i:
+                    sys.stdout.write("\n")
+                sys.stdout.write(f"# {t['title']}\n")
+                writer.writerow(t["columns"])
+                writer.writerows(t["rows"])
+        sys.stdout.flush()

@@ -1,12 +1,22 @@
-"""The architecture, checked from the import graph (docs/architecture.md).
+"""The architecture, checked from the module-level import graph (docs/architecture.md).
 
 Imports point one way: ``producers -> wire -> estimators <- stream_app`` (both sides may use
-``wire`` and ``estimators``), the dev stack (``ldpstream_dev``) and the CLI (``ldpstream_cli``, console script ``ldp``) sit on top and
-no runtime package imports them, and only the count store speaks Redis.
+``wire`` and ``estimators``), the dev stack (``ldpstream_dev``) and the CLI (``ldpstream_cli``, console
+script ``ldp``) sit on top and no runtime package imports them, the ingest (``stream_app.ingest``) never
+imports the worker, and only the count store speaks Redis. No import cycle anywhere, inside a package too.
+
+The graph has one node per module of every package and subpackage (``pkg/sub/mod.py`` is
+``pkg.sub.mod``, ``pkg/sub/__init__.py`` is ``pkg.sub``). An edge goes to the most specific project
+module an import names: ``import a.b.c`` and ``from a.b import c`` (``c`` a module) to ``a.b.c``,
+``from a.b import name`` to ``a.b``; relative imports are resolved. Imports inside functions count: a
+cycle closed at call time is still a cycle of the design. Imports under ``if TYPE_CHECKING:`` do not:
+they never run.
 """
 from __future__ import annotations
 
 import ast
+import graphlib
+import re
 from pathlib import Path
 
 import pytest
@@ -23,54 +33,209 @@ FORBIDDEN = {
     "ldpstream_dev": {"ldpstream_cli"},
     "ldpstream_cli": set(),
 }
+# subpackage -> modules (and their submodules) of its own top-level package it must never import
+FORBIDDEN_INSIDE = {
+    # the ingest imports the wire contract and the store, never the worker
+    "stream_app.ingest": {"stream_app.app", "stream_app.windows", "stream_app.worker", "stream_app.api",
+                          "stream_app.pipeline", "stream_app.recovery"},
+}
 COUNT_STORE = "stream_app/store.py"
+DOC = ROOT / "docs" / "architecture.md"
 
 
-def _imports(path: Path, package: str) -> set[str]:
-    """Top-level names of every module ``path`` imports (relative imports resolve to ``package``)."""
+# ---------------------------------------------------------------------------------------------- the graph
+def module_name(path: Path, root: Path) -> str:
+    """``pkg/sub/mod.py`` -> ``pkg.sub.mod``; ``pkg/sub/__init__.py`` -> ``pkg.sub``."""
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or \
+           (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _import_nodes(node: ast.AST) -> list[ast.Import | ast.ImportFrom]:
+    """Every import statement under ``node``, at any depth, except in the body of ``if TYPE_CHECKING:``."""
+    found: list[ast.Import | ast.ImportFrom] = []
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if isinstance(n, (ast.Import, ast.ImportFrom)):
+            found.append(n)
+        elif isinstance(n, ast.If) and _is_type_checking(n.test):
+            stack.extend(n.orelse)
+        else:
+            stack.extend(ast.iter_child_nodes(n))
+    return found
+
+
+def imported_names(path: Path, module: str) -> set[str]:
+    """Absolute dotted names ``path`` (module ``module``) imports: ``a.b`` for ``import a.b``, ``a.b.c`` for
+    ``from a.b import c`` (``c`` a module or a name: the graph keeps its longest prefix that is a module);
+    relative imports resolved."""
     tree = ast.parse(path.read_text(), filename=str(path))
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     out: set[str] = set()
-    for node in ast.walk(tree):
+    for node in _import_nodes(tree):
         if isinstance(node, ast.Import):
-            out.update(alias.name.split(".")[0] for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            out.add(package if node.level else (node.module or "").split(".")[0])
+            out.update(alias.name for alias in node.names)
+            continue
+        if node.level:
+            parts = package.split(".")
+            base = ".".join(parts[:len(parts) - (node.level - 1)])
+            source = f"{base}.{node.module}" if node.module else base
+        else:
+            source = node.module or ""
+        out.update(source if alias.name == "*" else f"{source}.{alias.name}" for alias in node.names)
     return out
 
 
-def _graph() -> dict[str, dict[str, set[str]]]:
-    graph: dict[str, dict[str, set[str]]] = {}
-    for pkg in PACKAGES:
-        for path in sorted((ROOT / pkg).rglob("*.py")):
-            graph.setdefault(pkg, {})[str(path.relative_to(ROOT))] = _imports(path, pkg)
-    return graph
+def _project_module(name: str, modules: set[str]) -> str | None:
+    """The most specific project module ``name`` names (``a.b.c`` -> ``a.b.c``, else ``a.b``, else ``a``)."""
+    parts = name.split(".")
+    for i in range(len(parts), 0, -1):
+        candidate = ".".join(parts[:i])
+        if candidate in modules:
+            return candidate
+    return None
 
 
-def test_every_package_exists():
-    assert set(_graph()) == set(PACKAGES)
+def build_graph(root: Path, packages: tuple[str, ...]) -> tuple[dict[str, set[str]], dict[str, set[str]],
+                                                                 dict[str, Path]]:
+    """``(edges, external, files)``: module -> the project modules it imports, module -> the top-level names
+    of what else it imports (``redis``, ``numpy``, ...), module -> its file."""
+    files = {module_name(p, root): p for pkg in packages for p in sorted((root / pkg).rglob("*.py"))
+             if "__pycache__" not in p.parts}
+    modules = set(files)
+    edges: dict[str, set[str]] = {}
+    external: dict[str, set[str]] = {}
+    for mod, path in files.items():
+        edges[mod], external[mod] = set(), set()
+        for name in imported_names(path, mod):
+            target = _project_module(name, modules)
+            if target is None:
+                if name.split(".")[0] not in packages:
+                    external[mod].add(name.split(".")[0])
+            elif target != mod:
+                edges[mod].add(target)
+    return edges, external, files
+
+
+def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle (``[a, b, ..., a]``), or ``None``."""
+    try:
+        tuple(graphlib.TopologicalSorter(edges).static_order())
+    except graphlib.CycleError as exc:
+        return list(exc.args[1])
+    return None
+
+
+def subpackages(root: Path, packages: tuple[str, ...]) -> set[str]:
+    """Every directory with an ``__init__.py`` under the top-level packages, dotted (``stream_app.ingest``)."""
+    return {module_name(p, root) for pkg in packages for p in (root / pkg).rglob("__init__.py")
+            if "__pycache__" not in p.parts}
+
+
+def documented_packages(text: str) -> set[str]:
+    """The packages of the ``| package | role | ... |`` table of docs/architecture.md (first column, in backticks)."""
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if re.match(r"\|\s*package\s*\|\s*role\s*\|", line)), None)
+    assert start is not None, "no `| package | role |` table"
+    names: set[str] = set()
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        names.update(re.findall(r"`([\w.]+)`", line.split("|")[1]))
+    return names
+
+
+GRAPH, EXTERNAL, FILES = build_graph(ROOT, PACKAGES)
+
+
+# ---------------------------------------------------------------------------------------------- the rules
+def test_every_package_and_subpackage_is_walked():
+    walked = {mod.split(".")[0] for mod in GRAPH}
+    assert walked == set(PACKAGES)
+    assert {"stream_app.ingest.handler", "ldpstream_cli.experiments.runner"} <= GRAPH.keys()
+    assert subpackages(ROOT, PACKAGES) <= GRAPH.keys()
+
+
+def test_no_import_cycle():
+    assert find_cycle(GRAPH) is None, f"import cycle: {' -> '.join(find_cycle(GRAPH) or [])}"
 
 
 @pytest.mark.parametrize("package", PACKAGES)
 def test_imports_point_one_way(package):
-    bad = {f: sorted(mods & FORBIDDEN[package]) for f, mods in _graph()[package].items() if mods & FORBIDDEN[package]}
+    bad = {mod: sorted({t.split(".")[0] for t in targets} & FORBIDDEN[package])
+           for mod, targets in GRAPH.items() if mod.split(".")[0] == package}
+    bad = {mod: pkgs for mod, pkgs in bad.items() if pkgs}
     assert not bad, f"{package} imports what it must not: {bad}"
 
 
+@pytest.mark.parametrize("subpackage", sorted(FORBIDDEN_INSIDE))
+def test_subpackage_rules(subpackage):
+    forbidden = FORBIDDEN_INSIDE[subpackage]
+    bad = {mod: sorted(t for t in targets if any(t == f or t.startswith(f + ".") for f in forbidden))
+           for mod, targets in GRAPH.items() if mod == subpackage or mod.startswith(subpackage + ".")}
+    bad = {mod: ts for mod, ts in bad.items() if ts}
+    assert not bad, f"{subpackage} imports what it must not: {bad}"
+
+
 def test_only_the_count_store_speaks_redis():
-    users = sorted(f for files in _graph().values() for f, mods in files.items() if "redis" in mods)
+    users = sorted(str(FILES[mod].relative_to(ROOT)) for mod, names in EXTERNAL.items() if "redis" in names)
     assert users == [COUNT_STORE]
 
 
-def test_the_checker_sees_violations(tmp_path):
-    """The check itself can fail: a module importing upward is caught."""
-    bad = tmp_path / "m.py"
-    bad.write_text("from stream_app import store\nimport redis.asyncio\nfrom . import x\n")
-    assert _imports(bad, "estimators") == {"stream_app", "redis", "estimators"}
+def test_architecture_doc_lists_every_package():
+    """The package table of docs/architecture.md names exactly the packages of the tree."""
+    assert documented_packages(DOC.read_text()) == subpackages(ROOT, PACKAGES)
 
 
 def test_architecture_doc_names_every_module():
-    """docs/architecture.md lists every module of every room (it must match the tree)."""
-    doc = (ROOT / "docs" / "architecture.md").read_text()
-    missing = [f"{pkg}/{p.name}" for pkg in PACKAGES for p in sorted((ROOT / pkg).glob("*.py"))
+    """docs/architecture.md mentions every module of every package and subpackage."""
+    doc = DOC.read_text()
+    missing = [str(p.relative_to(ROOT)) for p in FILES.values()
                if p.name not in ("__init__.py", "__main__.py") and f"`{p.name}`" not in doc]
     assert not missing, f"docs/architecture.md does not mention {missing}"
+
+
+# ---------------------------------------------------------------------------------------------- the checker
+def _tree(root: Path, files: dict[str, str]) -> None:
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+
+
+def test_the_checker_finds_a_cycle_inside_a_subpackage(tmp_path):
+    """A cycle closed inside a function, across a relative import of a subpackage, is reported; the same tree
+    without it passes, and an import under ``if TYPE_CHECKING:`` does not count."""
+    _tree(tmp_path, {
+        "top/__init__.py": "",
+        "top/sub/__init__.py": "from . import a\n",
+        "top/sub/a.py": "from typing import TYPE_CHECKING\nfrom .b import g\nif TYPE_CHECKING:\n    from .c import C\n",
+        "top/sub/b.py": "def g():\n    from ..sub.c import h\n    return h()\n",
+        "top/sub/c.py": "import top.sub.a\n",
+        "top/other.py": "from top.sub import b\nimport redis.asyncio\n",
+    })
+    edges, external, _ = build_graph(tmp_path, ("top",))
+    assert edges["top.sub.a"] == {"top.sub.b"}  # not c: TYPE_CHECKING
+    assert edges["top.sub.b"] == {"top.sub.c"} and edges["top.sub"] == {"top.sub.a"}
+    assert edges["top.other"] == {"top.sub.b"} and external["top.other"] == {"redis"}
+    cycle = find_cycle(edges)
+    assert cycle is not None and set(cycle) == {"top.sub.a", "top.sub.b", "top.sub.c"}
+    (tmp_path / "top/sub/c.py").write_text("import json\n")
+    assert find_cycle(build_graph(tmp_path, ("top",))[0]) is None
+
+
+def test_the_checker_sees_a_forbidden_import(tmp_path):
+    """The one-way rules can fail: a module of ``estimators`` importing ``stream_app`` is caught."""
+    _tree(tmp_path, {"estimators/__init__.py": "", "estimators/m.py": "from stream_app import store\n",
+                     "stream_app/__init__.py": "", "stream_app/store.py": ""})
+    edges, _, _ = build_graph(tmp_path, ("estimators", "stream_app"))
+    assert edges["estimators.m"] == {"stream_app.store"}
+
+
+def test_the_doc_table_is_parsed(tmp_path):
+    text = "# A\n\n| package | role | imports |\n| --- | --- | --- |\n| `a` | x | `b` |\n| `a.sub` | y | |\n\nafter\n"
+    assert documented_packages(text) == {"a", "a.sub"}

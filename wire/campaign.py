@@ -85,7 +85,8 @@ from typing import Any
 from estimators.base import FrequencyProtocol
 from estimators.errors import LDPError
 from estimators.multidim import Solution
-from estimators.registry import make, make_solution
+from estimators.registry import make
+from estimators.solution_registry import make_solution
 
 __all__ = ["Attribute", "Campaign", "CampaignError", "Group", "DEFAULT_RETENTION_SECONDS", "default_retention_steps",
            "load_campaigns", "step_at"]

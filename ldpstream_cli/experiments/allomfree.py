@@ -37,6 +37,7 @@ import estimators
 from estimators.errors import InfeasibleParameters, LDPError
 from producers.datasets import EvolvingPopulation
 
+from ..terminal import print_table
 from .runner import (OutOption, QuickOption, Run, SeedOption, WorkersOption, child_seeds, console, floats, mean_sd,
                      pyplot, run_tasks, save_figure)
 
@@ -262,7 +263,7 @@ def run(config: Config, out: Path) -> dict[str, Path]:
     files = {"results": run_.csv(rows, "allomfree.csv"), "over_time": run_.csv(over_time, "mse_over_time.csv"),
              "gains": run_.csv(gains, "gains.csv")}
     for a in config.alphas:
-        console.print(gains_table(gains, a))
+        print_table(console, gains_table(gains, a))
     figures = plot(rows, over_time, config, out)
     run_.finish(figures)
     return files

@@ -36,6 +36,7 @@ import estimators
 from estimators.errors import LDPError
 from producers.datasets import EvolvingPopulation
 
+from ..terminal import print_table
 from .runner import (OutOption, QuickOption, Run, SeedOption, WorkersOption, child_seeds, console, floats, mean_sd,
                      pyplot, run_tasks, save_figure)
 
@@ -301,9 +302,9 @@ def run(config: Config, out: Path) -> dict[str, Path]:
     files = {"results": run_.csv(rows, "longitudinal.csv"), "loss_over_time": run_.csv(curves, "loss_over_time.csv"),
              "detection": run_.csv(detection, "detection.csv")}
     for a in config.alphas:
-        console.print(summary_table(rows, "mse_avg", a))
-    console.print(summary_table(rows, "eps_avg", config.alphas[-1]))
-    console.print(detection_table(detection))
+        print_table(console, summary_table(rows, "mse_avg", a))
+    print_table(console, summary_table(rows, "eps_avg", config.alphas[-1]))
+    print_table(console, detection_table(detection))
     figures = plot(rows, curves, config, out)
     run_.finish(figures)
     return files

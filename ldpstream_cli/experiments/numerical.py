@@ -24,6 +24,7 @@ import estimators
 from estimators.errors import InfeasibleParameters
 from estimators.hashing import loloha_optimal_g, ololoha_g
 
+from ..terminal import print_table
 from .runner import OutOption, Run, console, pyplot, save_figure
 
 N = 10_000
@@ -253,7 +254,7 @@ def _print(t1: list[dict], g_rows: list[dict], cross: list[dict]) -> None:
     for r in t1:
         t.add_row(f"{r['alpha']:g}", f"{r['eps_inf']:g}", r["protocol"], str(r["k"]), f"{r['printed']:.6g}",
                   f"{r['paper_calibration']:.6g}", f"{r['exact_calibration']:.6g}")
-    console.print(t)
+    print_table(console, t)
     changed = [r for r in cross if r["max_k_lgrr_paper"] != r["max_k_lgrr_exact"]]
     console.print(f"ALLOMFREE picks L-GRR for larger domains under the exact calibration at {len(changed)} of "
                   f"{len(cross)} (ε∞, α) points, e.g. " + ", ".join(
