@@ -73,7 +73,6 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import numpy as np
-from scipy.stats import beta as _beta
 
 from .base import FrequencyProtocol
 from .errors import LDPError
@@ -106,6 +105,8 @@ def cp_lower(c: int, n: int, alpha: float) -> float:
     """One-sided Clopper-Pearson lower bound: ``P(p >= L) >= 1 - alpha``; ``L`` = Beta(c, n-c+1) α-quantile."""
     c, n = _check_binomial(c, n)
     alpha = _check_alpha(alpha)
+    from scipy.stats import beta as _beta  # scipy loads on first use
+
     return 0.0 if c == 0 else float(_beta.ppf(alpha, c, n - c + 1))
 
 
@@ -113,6 +114,8 @@ def cp_upper(c: int, n: int, alpha: float) -> float:
     """One-sided Clopper-Pearson upper bound: ``P(p <= U) >= 1 - alpha``; ``U`` = Beta(c+1, n-c) (1-α)-quantile."""
     c, n = _check_binomial(c, n)
     alpha = _check_alpha(alpha)
+    from scipy.stats import beta as _beta
+
     return 1.0 if c == n else float(_beta.isf(alpha, c + 1, n - c))
 
 

@@ -24,7 +24,6 @@ import math
 from typing import ClassVar
 
 import numpy as np
-from scipy.optimize import minimize_scalar
 
 from . import kernels
 from . import postprocess as _pp
@@ -50,6 +49,8 @@ def the_optimal_theta(eps: float) -> float:
     def var(theta: float) -> float:
         ps, qs = the_probabilities(eps, theta)
         return qs * (1.0 - qs) / (ps - qs) ** 2
+
+    from scipy.optimize import minimize_scalar  # scipy loads on first use
 
     res = minimize_scalar(var, bounds=(0.5, 1.0), method="bounded", options={"xatol": 1e-10})
     return round(float(res.x), 6)

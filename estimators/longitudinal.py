@@ -32,7 +32,6 @@ from dataclasses import dataclass
 from typing import Callable, ClassVar, Literal
 
 import numpy as np
-from scipy.optimize import brentq
 
 from .base import PureProtocol, check_eps
 from .errors import InfeasibleParameters, LDPError
@@ -111,6 +110,8 @@ def _solve(name: str, eps_of: Callable[[float], float], lo: float, hi: float, ep
         raise InfeasibleParameters(
             f"{name} cannot reach ε1 = {eps1:g} with ε∞ = {eps_inf:g}: its IRR round caps a "
             f"single report at ε1 < {top:.6g} ({top / eps_inf:.3f} ε∞)")
+    from scipy.optimize import brentq  # scipy loads on first use, not with every worker or device
+
     return float(brentq(lambda t: eps_of(t) - eps1, lo, hi, xtol=1e-15, rtol=4 * np.finfo(float).eps, maxiter=500))
 
 

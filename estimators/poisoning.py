@@ -81,7 +81,6 @@ from typing import Literal
 
 import numba as nb
 import numpy as np
-from scipy import stats
 
 from . import kernels
 from .adaptive import Adaptive
@@ -277,6 +276,7 @@ def frequency_gain(after: np.ndarray, before: np.ndarray, targets: np.ndarray) -
 def support_size_law(proto: FrequencyProtocol) -> np.ndarray:
     """pmf ``(k + 1,)`` of the number of set bits of an honest unary report:
     ``Bern(ps) + Bin(k − 1, qs)`` (its bits are independent, module doc)."""
+    from scipy import stats  # scipy loads on first use, not with every worker
     if _family(proto) != "unary":
         raise LDPError(f"{proto.name}: the size law is that of unary reports")
     ps, qs = honest_law(proto)
@@ -321,6 +321,7 @@ def plausibility_check(proto: FrequencyProtocol, alpha: float = DEFAULT_ALPHA) -
     """The two-sided exact-tail check of a unary protocol at false-rejection rate ``alpha``:
     ``lo`` the largest size with ``P(size < lo) ≤ α/2``, ``hi`` the smallest with
     ``P(size > hi) ≤ α/2`` (cached per protocol fingerprint)."""
+    from scipy import stats  # scipy loads on first use, not with every worker
     if _family(proto) != "unary":
         raise LDPError(f"{proto.name}: the plausibility check applies to unary reports only")
     if not 0.0 < alpha < 1.0:
@@ -428,6 +429,7 @@ class ItemsetDetection:
 
 
 def _z_one_sided(alpha: float, tests: int) -> float:
+    from scipy import stats  # scipy loads on first use, not with every worker
     return float(stats.norm.isf(alpha / max(tests, 1)))
 
 
@@ -634,6 +636,7 @@ def detection_score(proto: FrequencyProtocol, counts: np.ndarray, n: int) -> flo
 
 def detection_threshold(alpha: float = DEFAULT_ALPHA) -> float:
     """``|z|`` above which :func:`detection_score` flags a step (two-sided normal tail ``alpha``)."""
+    from scipy import stats  # scipy loads on first use, not with every worker
     return float(stats.norm.isf(alpha / 2))
 
 
