@@ -16,9 +16,15 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/ldp demo
 
-# two test processes (the machine's two cores), each with its own local stack; a file's tests stay together
+# Test processes (default: one per core, at least 2), each with its own local stack; tests go to whichever
+# process is free, except a module's tests that share a module-scoped fixture (tests/conftest.py).
+# Prints the 15 slowest tests and the wall time.
+TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -lt 2 ] && n=2; echo $$n)
+
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile
+	@start=$$(date +%s); \
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=15; rc=$$?; \
+	echo "make test: wall time $$(( $$(date +%s) - start )) s with $(TEST_WORKERS) test processes"; exit $$rc
 
 bench: $(STAMP)
 	$(BIN)/ldp bench protocols

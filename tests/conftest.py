@@ -27,3 +27,14 @@ def local_stack(tmp_path_factory):
         yield stack
     finally:
         stack.down()
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under ``pytest -n N --dist loadgroup`` (``make test``) tests go to whichever worker process is free,
+    one by one, except the tests of a module that share a module- or class-scoped fixture (a pipeline, an
+    ingest, a built venv): those stay together on one worker, so the fixture is built once."""
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        defs = info.name2fixturedefs.values() if info is not None else ()
+        if any(d[-1].scope in ("module", "class", "package") for d in defs if d):
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
