@@ -166,7 +166,7 @@ def test_an_unacknowledged_final_is_published_again_unchanged_by_the_next_holder
 
 
 def test_a_new_holder_rebuilds_the_finals_the_store_lost_from_the_estimates_topic(local_stack) -> None:
-    """Redis lost the tail of its finals (an AOF cut short): the next holder reads them back from ldpstream_cli.estimates
+    """Redis lost the tail of its finals (an AOF cut short): the next holder reads them back from ldp.estimates
     and publishes no second revision 0, while the counts show the step closed with its full n."""
     c = _campaign()
     app = f"topic-{uuid.uuid4().hex[:6]}"
