@@ -82,7 +82,7 @@ class Worker:
         self.calls = StoreCalls(self.health, self.metrics)
         self.recovery = Recovery(campaigns, self.store, self.metrics, self.health, self.alarms, calls=self.calls,
                                  app_id=app_id, topic=topics.reports, consumer=consumer, broker=broker)
-        highwater = getattr(consumer, "highwater", None)
+        highwater = consumer.highwater if isinstance(consumer, FaustConsumer) else None
         self.pipeline = Pipeline(campaigns, self.store, self.metrics, calls=self.calls, recovery=self.recovery,
                                  app_id=app_id, topics=topics, worker_id=self.worker_id, send_rejected=send_rejected,
                                  highwater=highwater)
