@@ -761,10 +761,7 @@ def worker(campaign_paths: Annotated[Optional[list[Path]], _setting_option("camp
            stream_buffer_maxsize: Annotated[Optional[int], _setting_option("stream_buffer_maxsize")] = None,
            consumer_max_fetch_size: Annotated[Optional[int], _setting_option("consumer_max_fetch_size")] = None,
            consumer_fetch_max_wait: Annotated[Optional[float], _setting_option("consumer_fetch_max_wait")] = None,
-           ingest_flush_seconds: Annotated[Optional[float], _setting_option("ingest_flush_seconds")] = None,
-           ingest_max_reports: Annotated[Optional[int], _setting_option("ingest_max_reports")] = None,
-           shutdown_timeout: Annotated[Optional[float], _setting_option("shutdown_timeout")] = None,
-           open_reports: Annotated[Optional[bool], _setting_option("open_reports")] = None) -> None:
+           shutdown_timeout: Annotated[Optional[float], _setting_option("shutdown_timeout")] = None) -> None:
     """Run a stream-app worker: count reports into Redis, publish estimates, serve the API.
 
     Each option falls back to its environment variable, then to its default (stream_app.settings);

@@ -1,10 +1,11 @@
-"""Stream-app workers in child processes, for tests, benchmarks and the demo, and reading counts back.
+"""Stream-app workers and ingests in child processes, for tests, benchmarks and the demo, and reading counts back.
 
 :class:`WorkerProcess` runs ``python -m ldpstream_cli worker`` with its :class:`~stream_app.settings.WorkerSettings`
 passed as environment variables (``WorkerSettings.to_env``), so a test worker goes through the same
 entry point and settings as a deployed one. Kafka and Redis security (``LDP_KAFKA_*``, ``LDP_REDIS_PASSWORD`` ...,
 :mod:`wire.transport`) come from this process's environment, which the child inherits; the Kafka clients here
-(:func:`produce_messages`, :func:`consume_json`) and the count reads use the same.
+(:func:`produce_messages`, :func:`consume_json`) and the count reads use the same. :class:`IngestProcess`
+runs ``python -m ldpstream_cli ingest`` the same way: the one HTTP door for device reports (a worker has none).
 """
 from __future__ import annotations
 
@@ -23,12 +24,15 @@ from typing import IO, Any
 
 import numpy as np
 
-from stream_app.settings import WorkerSettings, setting_specs
+from stream_app.ingest.settings import IngestSettings, ingest_setting_specs
+from stream_app.settings import WorkerSettings, free_port, setting_specs
 from stream_app.store import read_step_sync
 from wire.campaign import Campaign
 from wire.transport import kafka_client_options
 
-__all__ = ["WorkerProcess", "read_counts", "unique_campaign_file", "wait_for_counts"]
+from .processes import stop_child
+
+__all__ = ["IngestProcess", "WorkerProcess", "read_counts", "unique_campaign_file", "wait_for_counts"]
 
 #: The repository root, put on the child's ``PYTHONPATH`` (the packages need not be installed).
 _ROOT = Path(__file__).resolve().parent.parent
@@ -54,7 +58,6 @@ class WorkerProcess:
         self.ready_file = self.run_dir / f"{name}.ready.json"
         self.log_path = self.run_dir / f"{name}.log"
         options.setdefault("session_timeout", HARNESS_SESSION_TIMEOUT)
-        options.setdefault("open_reports", True)  # development: the tests post single reports without tokens
         self.settings = WorkerSettings(
             campaign_paths=tuple(Path(p).resolve() for p in campaign_paths), kafka_bootstrap=kafka_bootstrap,
             redis_url=redis_url, ready_file=self.ready_file, data_dir=self.run_dir / f"{name}.data", **options)
@@ -131,6 +134,93 @@ class WorkerProcess:
             self._log.close()
 
     def __enter__(self) -> "WorkerProcess":
+        self.start()
+        self.wait_ready()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class IngestProcess:
+    """``ldp ingest`` in a child process (``python -m ldpstream_cli ingest``), settings passed as environment
+    variables (``IngestSettings.to_env``).
+
+    ``options`` are :class:`~stream_app.ingest.settings.IngestSettings` fields (``topic_prefix``, ``processes``,
+    ``linger_seconds``, ``open_mode``, ...); the port is a free one unless given. Without ``secret_file`` (a file
+    holding the device-token secret, as ``LDP_DEVICE_SECRET_FILE``) the ingest runs in open mode (development:
+    no credential, no rate limit). ``start()``, ``wait_ready()`` (``GET /health`` answers 200), ``stop()``
+    (SIGTERM, then SIGKILL); its output goes to ``run_dir/{name}.log``.
+    """
+
+    def __init__(self, campaign_paths: list[Path], kafka_bootstrap: str, redis_url: str, *,
+                 run_dir: Path | None = None, name: str = "ingest", secret_file: Path | None = None,
+                 **options: Any) -> None:
+        self.run_dir = Path(run_dir) if run_dir is not None else Path(tempfile.mkdtemp(prefix="ldp-ingest-"))
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.log_path = self.run_dir / f"{name}.log"
+        self.secret_file = secret_file
+        options.setdefault("port", free_port())
+        options.setdefault("open_mode", secret_file is None)
+        self.settings = IngestSettings(campaign_paths=tuple(Path(p).resolve() for p in campaign_paths),
+                                       kafka_bootstrap=kafka_bootstrap, redis_url=redis_url, **options)
+        self.proc: subprocess.Popen | None = None
+        self._log: IO[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        """Base URL of the ingest (``{url}/reports`` takes reports)."""
+        return f"http://127.0.0.1:{self.settings.port}"
+
+    def environment(self) -> dict[str, str]:
+        """The child's environment: ours without any ingest or worker setting or secret, plus this ingest's."""
+        own = {spec["env"] for spec in (*ingest_setting_specs().values(), *setting_specs().values())}
+        env = {k: v for k, v in os.environ.items()
+               if k not in own and k not in ("LDP_DEVICE_SECRET", "LDP_DEVICE_SECRET_FILE")}
+        env.update(self.settings.to_env())
+        if self.secret_file is not None:
+            env["LDP_DEVICE_SECRET_FILE"] = str(self.secret_file)
+        env["PYTHONPATH"] = os.pathsep.join(x for x in (str(_ROOT), env.get("PYTHONPATH", "")) if x)
+        return env
+
+    def start(self) -> "IngestProcess":
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen([sys.executable, "-m", "ldpstream_cli", "ingest"], stdout=self._log,
+                                     stderr=subprocess.STDOUT, cwd=str(self.run_dir), env=self.environment(),
+                                     start_new_session=True)
+        return self
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        """Wait until ``GET /health`` answers 200."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"ingest exited with {self.proc.returncode}; log:\n{self.log_tail()}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as resp:
+                    if resp.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.05)
+        raise TimeoutError(f"ingest not ready after {timeout} s; log:\n{self.log_tail()}")
+
+    def stop(self, timeout: float = 20.0) -> int | None:
+        """SIGTERM to its process group and wait; returns the exit code (SIGKILL after ``timeout``)."""
+        if self.proc is None:
+            return None
+        stop_child(self.proc, timeout)
+        if self._log is not None:
+            self._log.close()
+        return self.proc.returncode
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def __enter__(self) -> "IngestProcess":
         self.start()
         self.wait_ready()
         return self

@@ -141,8 +141,8 @@ data-independent refusal, as for memoryless attributes).
 *Crash safety.* The ledger with the new reservation is written before the group state, and both
 before the report objects leave :meth:`Device.report_group`: a crash can only over-count.
 
-The report object is the single-report JSON of :mod:`wire.single_report`, what the stream
-app's ``POST /reports`` endpoint decodes::
+The report object is the single-report JSON of :mod:`wire.single_report`, what the ingest's
+``POST /reports`` endpoint (``ldp ingest``) decodes::
 
     {"campaign": "...", "attribute": "...", "t": 7, "payload": base64(proto.encode(reports))}
 

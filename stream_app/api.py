@@ -13,50 +13,31 @@ Routes (JSON unless said otherwise):
 * ``GET /status`` - this worker: id, assigned partitions, estimator lease, batches processed,
   ``healthy`` and the ``problems`` that keep it from progressing (always 200);
 * ``GET /health`` - ``{"healthy", "problems"}``: 200 while the worker can make progress, 503 while it
-  cannot (Redis or the broker unreachable, starting, stopping, ...: :mod:`stream_app.health`);
-* ``POST /reports`` - single reports, the ingest's handler (:mod:`stream_app.ingest.handler`: JSON, one
-  object or a list, or the compact binary body; all-or-nothing; 200 ``{"accepted": n}`` once the
-  broker acknowledged them). Who may post (:mod:`stream_app.ingest`, "Worker POST /reports"): device
-  tokens with rate limits and idempotency records when ``LDP_DEVICE_SECRET`` is set; anyone (no rate
-  limit) with ``--open-reports``, for development only; nobody otherwise (403 ``reports_disabled``).
-  A bad report gives 400 with the reasons, a record per bad object on ``ldp.rejected`` and the rejection
-  metric; the reports are batched by :class:`stream_app.ingest.batcher.Batcher` (linger
-  ``ingest_flush_seconds``, ``ingest_max_reports`` per batch).
+  cannot (Redis or the broker unreachable, starting, stopping, ...: :mod:`stream_app.health`).
+
+The worker takes no device reports over HTTP: the ingest service (``ldp ingest``, :mod:`stream_app.ingest`)
+is the one door for them; a ``POST /reports`` to a worker gets 404 or 405.
 """
 from __future__ import annotations
 
-import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Mapping
 
 import faust
-from aiohttp import web as aioweb
 
 from wire.campaign import Campaign
-from wire.single_report import SingleReport
 
-from .ingest.auth import DeviceSecret, TokenAuthority
-from .ingest.handler import BodyTooLarge, HandlerLimits, ReportHandler
-from .ingest.limits import RequestLedger
-from .ingest.metrics import IngestMetrics
 from .metrics import CONTENT_TYPE
-from .store import CountStore
 
-__all__ = ["WORKER_REPORT_LIMITS", "WebContext", "register", "worker_report_handler"]
+__all__ = ["WebContext", "register"]
 
-log = logging.getLogger(__name__)
 
 #: The dashboard page and its script (package data, read once at import).
 STATIC = Path(__file__).with_name("static")
 DASHBOARD_HTML = (STATIC / "index.html").read_text(encoding="utf-8")
 DASHBOARD_JS = (STATIC / "dashboard.js").read_bytes()
-
-#: The worker's POST /reports: bodies up to the web server's 32 MiB (lists of 10k+ reports in open mode).
-WORKER_REPORT_LIMITS = HandlerLimits(max_body_bytes=32 << 20, max_open_reports=1_000_000)
-_DISABLED = ("POST /reports needs device tokens: set LDP_DEVICE_SECRET (or LDP_DEVICE_SECRET_FILE) on the worker, "
-             "or send reports to `ldp ingest`; --open-reports accepts them without a credential, for development only")
 
 
 # ---------------------------------------------------------------------------- views
@@ -82,10 +63,8 @@ def campaign_doc(c: Campaign) -> dict[str, Any]:
 class WebContext:
     """What the views need from a worker, built by :func:`stream_app.app.create_app`.
 
-    The web layer sees only this (it never imports the app): the campaigns, read-only views of
-    the worker and of the count store, two actions (record a rejection, submit valid reports), and
-    what ``POST /reports`` needs besides (the count store for rate limits and idempotency records, the
-    worker's metrics registry, the ``open_reports`` development switch).
+    The web layer sees only this (it never imports the app): the campaigns and read-only views of the
+    worker and of the count store.
     """
 
     campaigns: Mapping[str, Campaign]
@@ -93,27 +72,6 @@ class WebContext:
     render_metrics: Callable[[], bytes]  # Prometheus text exposition
     latest_estimate: Callable[[str, str], Awaitable[bytes | None]]  # (campaign, attribute) -> stored JSON
     estimate_history: Callable[[str, str], Awaitable[dict[int, dict[str, Any]]]]  # -> t -> final estimate
-    reject: Callable[..., Awaitable[dict[str, Any]]]  # (reason, detail, *, source, size, extra) -> record
-    submit: Callable[[list[SingleReport]], Awaitable[int]]  # queue valid reports, wait for the broker
-    store: CountStore | None = None  # rate-limit slots and idempotency records of POST /reports
-    registry: Any = None  # the worker's prometheus CollectorRegistry (POST /reports adds its metrics)
-    open_reports: bool = False  # development: POST /reports without credentials when no secret is set
-
-
-def worker_report_handler(web: WebContext, environ: Mapping[str, str] | None = None) -> ReportHandler:
-    """The worker's ``POST /reports`` handler: tokens if ``LDP_DEVICE_SECRET`` is set, else open with
-    ``web.open_reports``, else disabled (module doc)."""
-    secret = DeviceSecret.from_env(environ)
-    metrics = IngestMetrics(web.registry, reports=False)
-    ledger = RequestLedger(web.store) if web.store is not None else None
-    common = dict(limits=WORKER_REPORT_LIMITS, reject=web.reject)
-    if secret is not None:
-        return ReportHandler(web.campaigns, web.submit, metrics, authority=TokenAuthority(secret), ledger=ledger,
-                             **common)
-    if web.open_reports:
-        log.warning("POST /reports is OPEN: reports are accepted without a credential (development only)")
-        return ReportHandler(web.campaigns, web.submit, metrics, authority=None, ledger=ledger, **common)
-    return ReportHandler(web.campaigns, web.submit, metrics, authority=None, ledger=None, disabled=_DISABLED, **common)
 
 
 def register(app: faust.App, web: WebContext) -> None:
@@ -175,21 +133,3 @@ def register(app: faust.App, web: WebContext) -> None:
         docs = await web.estimate_history(campaign, attribute)
         return self.json({"campaign": campaign, "attribute": attribute,
                           "estimates": [docs[t] for t in sorted(docs)]})
-
-    reports_handler = worker_report_handler(web)
-
-    @app.page("/reports")
-    class Reports(faust.web.View):
-        async def post(self, request: faust.web.Request) -> faust.web.Response:
-            async def read(limit: int) -> bytes:
-                try:
-                    body = await request.read()  # aiohttp stops at the web server's client_max_size
-                except aioweb.HTTPRequestEntityTooLarge:
-                    raise BodyTooLarge() from None
-                if len(body) > limit:
-                    raise BodyTooLarge()
-                return body
-
-            reply = await reports_handler.handle(request.headers, read)
-            return self.bytes(reply.body, content_type="application/json", status=reply.status,
-                              headers=dict(reply.headers) or None)

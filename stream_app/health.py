@@ -11,7 +11,7 @@ problems, each ``{"problem", "component", "since", "error"}``:
 * ``kafka`` (``kafka``): the broker does not answer a metadata request (probed every 2 s);
 * ``rebalance`` (``kafka``): the consumer group has been rebalancing for longer than the limit;
 * every alarm that says ``"blocking": True``, in the alarm dictionaries given to :class:`Health`
-  (``Pipeline.alarms``, ``Estimator.alarms``: other parts of the worker raise and clear those;
+  (``Worker.alarms`` of :mod:`stream_app.app`, ``Estimator.alarms``: other parts of the worker raise and clear those;
   alarms without that flag report data-quality events, listed by ``/status`` under ``alarms``,
   and leave the worker healthy).
 

@@ -51,8 +51,6 @@ class Metrics:
                                       ["reason"], registry=r)
         for reason in REASONS:  # every reason's series exists from the start: increase() sees the first rejection
             self.rejected_total.labels(reason)
-        self.http_reports_total = Counter("ldp_http_reports_total", "Single reports accepted by POST /reports.",
-                                          ca, registry=r)
         self.reports_per_second = Gauge("ldp_reports_per_second",
                                         f"Reports counted per second by this worker ({rate_window:g} s window).",
                                         registry=r)

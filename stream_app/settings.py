@@ -22,10 +22,7 @@ docker-compose all go through it. Precedence: command-line option > environment 
 - ``stream_buffer_maxsize``: ``LDP_STREAM_BUFFER_MAXSIZE``, ``--stream-buffer-maxsize``
 - ``consumer_max_fetch_size``: ``LDP_CONSUMER_MAX_FETCH_SIZE``, ``--consumer-max-fetch-size``
 - ``consumer_fetch_max_wait``: ``LDP_CONSUMER_FETCH_MAX_WAIT``, ``--consumer-fetch-max-wait``
-- ``ingest_flush_seconds``: ``LDP_INGEST_FLUSH_SECONDS``, ``--ingest-flush-seconds``
-- ``ingest_max_reports``: ``LDP_INGEST_MAX_REPORTS``, ``--ingest-max-reports``
 - ``shutdown_timeout``: ``LDP_SHUTDOWN_TIMEOUT``, ``--shutdown-timeout``
-- ``open_reports``: ``LDP_OPEN_REPORTS``, ``--open-reports``
 
 Kafka and Redis security is not a worker option but environment variables read by every client of the project
 (:mod:`wire.transport`), so that no secret is ever on a command line: ``LDP_KAFKA_SECURITY_PROTOCOL``,
@@ -111,20 +108,10 @@ class WorkerSettings:
         "Longest wait (s) of a Kafka fetch while the worker's partitions have no new data (Faust's own: 1.5 s; "
         "tansu answers a waiting fetch only when the wait is over, so new batches waited that long).", float,
         default=0.1)
-    ingest_flush_seconds: float = _setting("LDP_INGEST_FLUSH_SECONDS", ("--ingest-flush-seconds",),
-                                           "POST /reports: linger (s) after a first report before its batch is "
-                                           "published.", float, default=0.005)
-    ingest_max_reports: int = _setting("LDP_INGEST_MAX_REPORTS", ("--ingest-max-reports",),
-                                       "HTTP ingest: reports per flushed batch at most.", int, default=10_000)
     shutdown_timeout: float = _setting(
         "LDP_SHUTDOWN_TIMEOUT", ("--shutdown-timeout",),
         "After SIGTERM/SIGINT, exit by force (status 1, logging where it hung) if the clean stop has not finished "
         "within this many seconds (Redis or the broker unreachable).", float, default=10.0)
-    open_reports: bool = _setting(
-        "LDP_OPEN_REPORTS", ("--open-reports",), "Development only: POST /reports takes reports without a credential "
-        "when no device-token secret (LDP_DEVICE_SECRET) is set; without either it is disabled.",
-        lambda text: text.strip().lower() in ("1", "true", "yes", "on"), default=False)
-
     def __post_init__(self) -> None:
         paths = self.campaign_paths
         paths = (paths,) if isinstance(paths, (str, Path)) else paths
@@ -140,7 +127,7 @@ class WorkerSettings:
                 raise SettingsError(f"{name} is empty: {_describe(name)}")
         if self.partitions < 1:
             raise SettingsError(f"partitions must be >= 1, got {self.partitions}")
-        for name in ("refresh_seconds", "session_timeout", "ingest_flush_seconds", "shutdown_timeout",
+        for name in ("refresh_seconds", "session_timeout", "shutdown_timeout",
                      "consumer_fetch_max_wait"):
             value = getattr(self, name)
             if value is not None and not value > 0:

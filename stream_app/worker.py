@@ -1,7 +1,7 @@
 """Run one stream-app worker in the current process (what ``ldp worker`` does).
 
-The worker blocks until SIGTERM or SIGINT, then stops cleanly: it flushes the HTTP ingest queue,
-releases the estimator lease, commits offsets and leaves the consumer group.
+The worker blocks until SIGTERM or SIGINT, then stops cleanly: it releases the estimator lease, commits
+offsets and leaves the consumer group.
 
 Its settings are one :class:`stream_app.settings.WorkerSettings` (options, environment variables,
 defaults). Readiness: with ``ready_file`` set, the worker writes JSON there (pid, ``web_port``,
@@ -60,14 +60,14 @@ def run_worker(settings: WorkerSettings) -> None:
     import faust
     import numba
 
-    from .app import create_app, get_pipeline
+    from .app import create_app, get_worker
     from .health import kafka_reachable, limit_repeated_logs
 
     numba.set_num_threads(1)
     _bound_shutdown_waits()
 
     app = create_app(settings)
-    pipe = get_pipeline(app)
+    worker_state = get_worker(app)
     limit_repeated_logs()
 
     class LdpWorker(faust.Worker):
@@ -75,7 +75,7 @@ def run_worker(settings: WorkerSettings) -> None:
 
         async def on_first_start(self) -> None:
             await super().on_first_start()  # logging set up, signal handlers installed
-            _arm_shutdown_watchdog(self.loop, pipe.begin_stop, settings.shutdown_timeout)
+            _arm_shutdown_watchdog(self.loop, worker_state.begin_stop, settings.shutdown_timeout)
             await _wait_for_broker(settings.kafka_bootstrap, kafka_reachable)
 
     worker = LdpWorker(app, loglevel=settings.loglevel,
@@ -105,7 +105,7 @@ async def _wait_for_broker(bootstrap: str, probe: Callable[[str, float], Any], *
 
 
 def _arm_shutdown_watchdog(loop: asyncio.AbstractEventLoop, begin_stop: Callable[[], None], timeout: float) -> None:
-    """On the first SIGTERM/SIGINT: tell the pipeline (``begin_stop``) and start the deadline thread;
+    """On the first SIGTERM/SIGINT: tell the worker (``begin_stop``) and start the deadline thread;
     on a second one: exit at once.
 
     asyncio delivers the signal to Faust through its wake-up fd whatever the Python-level handler is,
@@ -219,8 +219,8 @@ def _bound_shutdown_waits() -> None:
 def _shutdown_wait(app: Any) -> float:
     """How long one shutdown flush may take: :data:`SHUTDOWN_FLUSH_TIMEOUT`, 0.5 s if the health check
     already knows the broker is unreachable."""
-    pipe = getattr(app, "ldp", None)
-    return 0.5 if pipe is not None and pipe.health.has("kafka") else SHUTDOWN_FLUSH_TIMEOUT
+    worker = getattr(app, "ldp", None)  # the app's stream_app.app.Worker
+    return 0.5 if worker is not None and worker.health.has("kafka") else SHUTDOWN_FLUSH_TIMEOUT
 
 
 def _bounded_producer_stop(on_stop: Callable[..., Any]) -> Callable[..., Any]:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ldpstream_dev.workers import WorkerProcess, unique_campaign_file, wait_for_counts
+from ldpstream_dev.workers import IngestProcess, WorkerProcess, unique_campaign_file, wait_for_counts
 from wire import envelope as E
 from wire.campaign import Campaign
 from wire.topics import Topics
@@ -80,8 +80,8 @@ async def _rejections(bootstrap: str, topic: str, want: int, timeout: float = 30
     return out
 
 
-def _metric(text: str, reason: str) -> float:
-    m = re.search(r'^ldp_rejected_batches_total\{[^}]*reason="%s"[^}]*\} (\S+)$' % reason, text, re.M)
+def _metric(text: str, reason: str, name: str = "ldp_rejected_batches_total") -> float:
+    m = re.search(r'^%s\{[^}]*reason="%s"[^}]*\} (\S+)$' % (name, reason), text, re.M)
     return float(m.group(1)) if m else 0.0
 
 
@@ -100,36 +100,38 @@ def test_bad_input_is_rejected_and_never_counted(local_stack, tmp_path) -> None:
         # the worker went on after every bad batch, and only the two good ones are counted
         wait_for_counts(redis_url, campaign.id, {(ATTR, 0): (c1 + c2, 5000)}, timeout=60)
 
-        # bad JSON and a bad report on the HTTP ingest endpoint
-        for body, reason in ((b"{not json", "bad_json"),
-                             (json.dumps({"campaign": campaign.id, "attribute": ATTR, "t": 0,
-                                          "payload": "AAAA"}).encode(), None)):
-            req = urllib.request.Request(f"{w.url}/reports", data=body, method="POST",
-                                         headers={"Content-Type": "application/json"})
-            try:
-                urllib.request.urlopen(req, timeout=10)
-                raise AssertionError("the endpoint accepted a bad request")
-            except urllib.error.HTTPError as exc:
-                assert exc.code == 400
-                doc = json.loads(exc.read())
-                if reason:
-                    assert doc["error"] == reason
+        # bad JSON and a bad report on the HTTP ingest (the one door for single reports): refused, counted by reason
+        with IngestProcess([path], boot, redis_url, topic_prefix=f"{app_id}.", run_dir=tmp_path) as ingest:
+            for body, reason in ((b"{not json", "bad_json"),
+                                 (json.dumps({"campaign": campaign.id, "attribute": ATTR, "t": 0,
+                                              "payload": "AAAA"}).encode(), None)):
+                req = urllib.request.Request(f"{ingest.url}/reports", data=body, method="POST",
+                                             headers={"Content-Type": "application/json"})
+                try:
+                    urllib.request.urlopen(req, timeout=10)
+                    raise AssertionError("the endpoint accepted a bad request")
+                except urllib.error.HTTPError as exc:
+                    assert exc.code == 400
+                    doc = json.loads(exc.read())
+                    if reason:
+                        assert doc["error"] == reason
+            with urllib.request.urlopen(f"{ingest.url}/metrics", timeout=10) as r:
+                assert _metric(r.read().decode(), "bad_json", "ldp_ingest_refused_total") == 1
 
-        got = asyncio.run(_rejections(boot, topics.rejected, want=len(bad) + 2))
+        got = asyncio.run(_rejections(boot, topics.rejected, want=len(bad)))
         reasons = [r["reason"] for r in got]
         for reason in bad:
             assert reason in reasons, f"no rejection with reason {reason!r} on {topics.rejected}: {reasons}"
-        assert "bad_json" in reasons
         with urllib.request.urlopen(f"{w.url}/metrics", timeout=10) as r:
             text = r.read().decode()
-        for reason in [*bad, "bad_json"]:
+        for reason in bad:
             assert _metric(text, reason) >= 1, f"metric ldp_rejected_batches_total{{reason={reason!r}}} missing"
         # the counts did not move after all that
         wait_for_counts(redis_url, campaign.id, {(ATTR, 0): (c1 + c2, 5000)}, timeout=5)
 
 
 def test_device_sdk_reports_through_http_ingest(local_stack, tmp_path) -> None:
-    """Real devices: the SDK's single reports go through POST /reports into the counts."""
+    """Real devices: the SDK's single reports go through the ingest's POST /reports into the counts."""
     import base64
 
     from producers.sdk import Device, post_report
@@ -139,13 +141,14 @@ def test_device_sdk_reports_through_http_ingest(local_stack, tmp_path) -> None:
     app_id = f"sdk-{uuid.uuid4().hex[:6]}"
     boot, redis_url = local_stack.info.kafka_bootstrap, local_stack.info.redis_url
     with WorkerProcess([path], boot, redis_url, app_id=app_id, topic_prefix=f"{app_id}.",
-                       refresh_seconds=0.2, session_timeout=3.0, run_dir=tmp_path) as w:
+                       refresh_seconds=0.2, session_timeout=3.0, run_dir=tmp_path), \
+            IngestProcess([path], boot, redis_url, topic_prefix=f"{app_id}.", run_dir=tmp_path) as ingest:
         proto = campaign.attribute(ATTR).protocol
         expected = np.zeros(proto.support_size, dtype=np.int64)
         for i in range(20):
-            dev = Device(campaign, tmp_path / f"device{i}", budget_eps=10.0, ingest_url=f"{w.url}/reports")
+            dev = Device(campaign, tmp_path / f"device{i}", budget_eps=10.0, ingest_url=f"{ingest.url}/reports")
             obj = dev.report(ATTR, i % 7, t=3)
             expected += proto.support(proto.decode(base64.b64decode(obj["payload"])))
-            post_report(f"{w.url}/reports", obj)
+            post_report(f"{ingest.url}/reports", obj)
         wait_for_counts(redis_url, campaign.id, {(ATTR, 3): (expected, 20)}, timeout=30)
 

@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 from ldpstream_dev.workers import produce_messages
-from stream_app.app import Pipeline
+from stream_app.app import Worker
 from stream_app.broker import TopicReader
 from stream_app.metrics import Metrics
 from stream_app.store import (CLAIM_EXISTS, CLAIM_STALE, CLAIMED, FUTURE_STEP, CountStore, Position, StepBound,
@@ -259,20 +259,20 @@ def test_a_broker_loss_marks_the_open_steps_incomplete(local_stack) -> None:
     app = f"loss-{uuid.uuid4().hex[:6]}"
 
     async def run() -> None:
-        pipe = Pipeline({c.id: c}, local_stack.info.redis_url, app_id=app, topics=Topics.with_prefix(f"{app}."))
+        worker = Worker({c.id: c}, local_stack.info.redis_url, app_id=app, topics=Topics.with_prefix(f"{app}."))
         h = _Holder(local_stack.info.redis_url, c, app, "h")
         try:
             await _close_step(h.store, c.id, 0)
             assert _finals(await h.est.tick()) == [(0, 0, N)]
             await h.store.apply_batch(c.id, "a", 1, COUNTS, N, "p:1:a:0")
-            await pipe.broker_lost([0], "test: the broker lost its log")
-            assert "unrepairable_loss:0" in pipe.alarms
-            assert pipe.metrics.registry.get_sample_value("ldp_unrepairable_losses_total") == 1
+            await worker.recovery.broker_lost([0], "test: the broker lost its log")
+            assert "unrepairable_loss:0" in worker.alarms
+            assert worker.metrics.registry.get_sample_value("ldp_unrepairable_losses_total") == 1
             await h.store.apply_watermark(c.id, "a", 1)
             docs = {d["t"]: d for d in await h.est.tick() if d["final"]}
             assert list(docs) == [1] and not docs[1]["complete"] and "lost its log" in docs[1]["incomplete"]
         finally:
-            await pipe.close()
+            await worker.close()
             await h.close()
 
     asyncio.run(run())
@@ -292,14 +292,14 @@ def test_a_far_future_step_is_rejected_and_moves_no_floor(local_stack) -> None:
         return envelope.pack_reports(c, "a", t, reports, batch_id=f"{prefix}:{t}:a:{i}")
 
     async def run() -> None:
-        pipe = Pipeline({c.id: c}, local_stack.info.redis_url, app_id=app, topics=Topics.with_prefix(f"{app}."))
+        worker = Worker({c.id: c}, local_stack.info.redis_url, app_id=app, topics=Topics.with_prefix(f"{app}."))
         h = _Holder(local_stack.info.redis_url, c, app, "h")
         offset = 0
 
         async def send(blob: bytes) -> str:
             nonlocal offset
             offset += 1
-            return await pipe.process(blob, 0, offset)
+            return await worker.pipeline.process(blob, 0, offset)
         try:
             for t in range(4):
                 assert await send(batch(t)) == "applied"
@@ -314,7 +314,7 @@ def test_a_far_future_step_is_rejected_and_moves_no_floor(local_stack) -> None:
             wall = step_at(c)
             assert await send(batch(wall + 11, prefix="http")) == "rejected"
             assert await send(batch(wall, prefix="http")) == "applied"
-            assert pipe.metrics.registry.get_sample_value("ldp_rejected_batches_total", {"reason": "future_step"}) == 9
+            assert worker.metrics.registry.get_sample_value("ldp_rejected_batches_total", {"reason": "future_step"}) == 9
             assert max(int(t) for t in await h.store.redis.zrange(steps_key(c.id, "a"), 0, -1)) == wall
             for t in (4, 5):
                 assert await send(batch(t)) == "applied"
@@ -328,7 +328,7 @@ def test_a_far_future_step_is_rejected_and_moves_no_floor(local_stack) -> None:
                                                bound=StepBound(ahead=10))
             assert status == FUTURE_STEP
         finally:
-            await pipe.close()
+            await worker.close()
             await h.close()
 
     asyncio.run(run())

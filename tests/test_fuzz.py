@@ -498,26 +498,25 @@ class PipelineRig:
     """One ``Pipeline`` on a real Redis, a model of the counts it must hold, and the batch ids it applied."""
 
     def __init__(self, campaign: Campaign, redis_url: str) -> None:
-        from stream_app.app import Pipeline
+        from stream_app.app import Worker
         from stream_app.store import connect_sync
         from wire.topics import Topics
 
         self.campaign = campaign
         self.campaigns = {self.campaign.id: self.campaign}
         self.loop = asyncio.new_event_loop()
-        self.pipe = Pipeline(self.campaigns, redis_url, app_id=f"fuzz-{uuid.uuid4().hex[:6]}", topics=Topics())
+        self.rejections: list[tuple[str, str]] = []
+
+        async def record(key: bytes | None, doc: dict[str, Any]) -> None:  # each rejection's published record
+            self.rejections.append((doc["reason"], doc["detail"]))
+
+        self.worker = Worker(self.campaigns, redis_url, app_id=f"fuzz-{uuid.uuid4().hex[:6]}", topics=Topics(),
+                             send_rejected=record)
+        self.pipe = self.worker.pipeline
         self.redis = connect_sync(redis_url)
         self.model: dict[str, dict[str, int]] = {}  # count key -> non-zero "c:<j>" and "n" fields
         self.applied: set[tuple[str, int, str]] = set()
         self.offset = 0
-        self.rejections: list[tuple[str, str]] = []
-        reject = self.pipe.reject
-
-        async def record(reason: str, detail: str, **kwargs: Any) -> dict[str, Any]:
-            self.rejections.append((reason, detail))
-            return await reject(reason, detail, **kwargs)
-
-        self.pipe.reject = record  # type: ignore[method-assign]
 
     def snapshot(self) -> dict[str, dict[str, int]]:
         """Every count hash of the campaign: its non-zero counts and number of reports."""
@@ -543,7 +542,7 @@ class PipelineRig:
         return self.loop.run_until_complete(self.pipe.process(blob, 0, self.offset))
 
     def close(self) -> None:
-        self.loop.run_until_complete(self.pipe.close())
+        self.loop.run_until_complete(self.worker.close())
         self.loop.close()
         self.redis.close()
 

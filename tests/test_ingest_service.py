@@ -384,15 +384,30 @@ def test_token_tags_and_keyed_hashes_are_hmac_sha256_of_the_derived_keys():
     assert authority.rate_slot("c1", 5, device, "os") != authority.rate_slot("c1", 5, device[::-1], "os")
 
 
-def test_the_worker_post_reports_is_disabled_without_a_secret_or_open_mode():
-    """The worker's handler (no services): disabled by default, tokens with a secret, open only when asked."""
+def test_the_ingest_has_no_open_door_unless_asked():
+    """No unauthenticated write path by default (no services): the ingest refuses to start without the
+    device-token secret unless in open mode; its handler asks for a token with a secret, and accepts a report
+    without one only in open mode. (The worker has no door for reports at all: test_worker.py.)"""
     import asyncio
+    from dataclasses import replace
 
     from prometheus_client import CollectorRegistry
 
-    from stream_app.api import WebContext, worker_report_handler
+    from stream_app.ingest.handler import ReportHandler
+    from stream_app.ingest.metrics import IngestMetrics
+    from stream_app.ingest.service import IngestApp
+    from stream_app.ingest.settings import IngestSettings
+    from stream_app.settings import SettingsError
 
     campaign = Campaign.load(DATA)
+    settings = IngestSettings(campaign_paths=(DATA,), kafka_bootstrap="127.0.0.1:9", redis_url="redis://127.0.0.1:9")
+    secret = DeviceSecret.generate()
+    with pytest.raises(SettingsError, match="secret"):
+        IngestApp(settings, secret=None)
+    assert IngestApp(settings, secret=secret).authority is not None
+    assert IngestApp(replace(settings, open_mode=True), secret=None).authority is None
+    assert IngestApp(replace(settings, open_mode=True), secret=secret).authority is None
+
     obj, _ = report(campaign, "opt_in", 5, 1, seed=3)
     body = json.dumps(obj).encode()
     submitted: list[int] = []
@@ -401,26 +416,18 @@ def test_the_worker_post_reports_is_disabled_without_a_secret_or_open_mode():
         submitted.append(len(items))
         return len(items)
 
-    async def reject(*args: Any, **kwargs: Any) -> dict:
-        return {}
+    async def answer(authority: TokenAuthority | None) -> tuple[int, dict]:
+        handler = ReportHandler({campaign.id: campaign}, submit, IngestMetrics(CollectorRegistry()),
+                                authority=authority, ledger=None)
 
-    def web(open_reports: bool) -> WebContext:
-        return WebContext(campaigns={campaign.id: campaign}, status=dict, render_metrics=bytes,
-                          latest_estimate=None, estimate_history=None, reject=reject, submit=submit,
-                          registry=CollectorRegistry(), open_reports=open_reports)  # type: ignore[arg-type]
-
-    async def answer(handler, headers: dict[str, str]) -> tuple[int, dict]:
         async def read(limit: int) -> bytes:
             return body
 
-        reply = await handler.handle({"content-type": "application/json", **headers}, read)
+        reply = await handler.handle({"content-type": "application/json"}, read)
         return reply.status, json.loads(reply.body)
 
-    secret = DeviceSecret.generate()
-    with_secret = {"LDP_DEVICE_SECRET": secret.hex()}
-    assert asyncio.run(answer(worker_report_handler(web(False), {}), {}))[1]["error"] == "reports_disabled"
-    assert asyncio.run(answer(worker_report_handler(web(True), with_secret), {}))[1]["error"] == "missing_token"
-    assert asyncio.run(answer(worker_report_handler(web(True), {}), {})) == (200, {"accepted": 1})
+    assert asyncio.run(answer(TokenAuthority(secret)))[1]["error"] == "missing_token"
+    assert asyncio.run(answer(None)) == (200, {"accepted": 1})
     assert submitted == [1]
 
 

@@ -239,3 +239,49 @@ def test_the_checker_sees_a_forbidden_import(tmp_path):
 def test_the_doc_table_is_parsed(tmp_path):
     text = "# A\n\n| package | role | imports |\n| --- | --- | --- |\n| `a` | x | `b` |\n| `a.sub` | y | |\n\nafter\n"
     assert documented_packages(text) == {"a", "a.sub"}
+
+
+# the worker's modules: the HTTP ingest (stream_app/ingest/) imports the wire contract and the store, never these
+WORKER_MODULES = {"app", "pipeline", "recovery", "consumer", "windows", "worker", "api", "broker", "health", "metrics"}
+
+
+def _stream_app_modules(path: Path, package: str) -> set[str]:
+    """The ``stream_app`` submodules (first name below ``stream_app``) that ``path``, a module of ``package``
+    (dotted, e.g. ``stream_app.ingest``), imports, absolute or relative."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[:len(package.split(".")) - node.level + 1]
+                full = ".".join(base + ([node.module] if node.module else []))
+                names = [full] if node.module else [f"{full}.{alias.name}" for alias in node.names]
+            else:
+                names = [node.module or ""]
+        for name in names:
+            parts = name.split(".")
+            if parts[0] == "stream_app" and len(parts) > 1:
+                out.add(parts[1])
+    return out
+
+
+def test_the_ingest_never_imports_the_worker():
+    """The ingest is a door of its own: stream_app/ingest/ imports the wire contract and the store, not the
+    worker's modules (app, pipeline, recovery, windows, worker, api, ...)."""
+    bad = {}
+    for path in sorted((ROOT / "stream_app" / "ingest").rglob("*.py")):
+        package = ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
+        found = _stream_app_modules(path, package) & WORKER_MODULES
+        if found:
+            bad[str(path.relative_to(ROOT))] = sorted(found)
+    assert not bad, f"the ingest imports the worker: {bad}"
+
+
+def test_the_ingest_check_sees_violations(tmp_path):
+    """The check itself can fail: relative and absolute imports of worker modules are caught, the store is not."""
+    bad = tmp_path / "m.py"
+    bad.write_text("from ..pipeline import Pipeline\nfrom .. import windows\nimport stream_app.app\n"
+                   "from ..store import CountStore\nfrom .handler import ReportHandler\n")
+    assert _stream_app_modules(bad, "stream_app.ingest") == {"pipeline", "windows", "app", "store", "ingest"}

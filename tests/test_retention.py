@@ -1,7 +1,7 @@
 """Late data, retention and the count guard of the windowed estimator, against a real Redis.
 
 The agent's part is played by :func:`_count` (apply a batch, then mark its step touched, as
-``stream_app.app.Pipeline.process`` does) and :func:`_close` (apply a watermark and record its time).
+``stream_app.pipeline.Pipeline.process`` does) and :func:`_close` (apply a watermark and record its time).
 Finals come from watermarks only: the campaign's steps are an hour long and every tick but the
 n == 0 test passes ``now=0.0``, so no step is ever due by lateness.
 """

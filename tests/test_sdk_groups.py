@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import producers.sdk as sdk
-from ldpstream_dev.workers import WorkerProcess, unique_campaign_file, wait_for_counts
+from ldpstream_dev.workers import IngestProcess, WorkerProcess, unique_campaign_file, wait_for_counts
 from estimators import MultiState, make_solution
 from estimators.errors import LDPError
 from producers.sdk import BudgetExceeded, Device, DeviceStateError, IngestError
@@ -233,7 +233,7 @@ DEVICES, STEPS = 250, 2
 
 
 def test_group_reports_through_http_ingest(local_stack, tmp_path, monkeypatch) -> None:
-    """ALLOMFREE and RS+FD devices send their group reports through POST /reports (half one object per
+    """ALLOMFREE and RS+FD devices send their group reports through the ingest's POST /reports (half one object per
     request, half with send_group's one request per step): the Redis counts and n of every attribute
     equal the offline support of exactly the reports sent."""
     boot, redis_url = local_stack.info.kafka_bootstrap, local_stack.info.redis_url
@@ -265,9 +265,10 @@ def test_group_reports_through_http_ingest(local_stack, tmp_path, monkeypatch) -
                         recording_post(url, obj)
 
     with WorkerProcess(paths, boot, redis_url, app_id=app_id, topic_prefix=f"{app_id}.", refresh_seconds=0.2,
-                       session_timeout=3.0, ingest_flush_seconds=0.02, run_dir=tmp_path) as w:
+                       session_timeout=3.0, run_dir=tmp_path) as w, \
+            IngestProcess(paths, boot, redis_url, topic_prefix=f"{app_id}.", run_dir=tmp_path) as ingest:
         w.wait_ready(timeout=90)
-        url = f"{w.url}/reports"
+        url = f"{ingest.url}/reports"
         with ThreadPoolExecutor(16) as pool:  # one thread per device at a time: a Device is not shared
             for f in [pool.submit(run_device, c, seed, i, url) for seed, c in enumerate(campaigns.values())
                       for i in range(DEVICES)]:

@@ -27,8 +27,8 @@ def test_environment_round_trip_and_precedence():
     full = WorkerSettings(**REQUIRED, app_id="g", partitions=8, topic_prefix="p.", refresh_seconds=0.25,
                           session_timeout=3.0, web_port=6066, web_host="h", web_bind="0.0.0.0", data_dir=Path("d"),
                           ready_file=Path("r.json"), loglevel="info", logfile=Path("w.log"),
-                          stream_buffer_maxsize=32, consumer_max_fetch_size=1 << 20, ingest_flush_seconds=0.5,
-                          ingest_max_reports=99)
+                          stream_buffer_maxsize=32, consumer_max_fetch_size=1 << 20, consumer_fetch_max_wait=0.5,
+                          shutdown_timeout=7.0)
     env = full.to_env()
     assert set(env) == {spec["env"] for spec in setting_specs().values()}
     assert WorkerSettings.from_env(env) == full

@@ -21,7 +21,8 @@ from typing import Any, Callable
 import numpy as np
 import pytest
 
-from ldpstream_dev.workers import WorkerProcess, produce_messages, read_counts, unique_campaign_file, wait_for_counts
+from ldpstream_dev.workers import (IngestProcess, WorkerProcess, produce_messages, read_counts, unique_campaign_file,
+                                   wait_for_counts)
 from wire import envelope
 from wire.campaign import Campaign
 from wire.topics import Topics, message_key
@@ -257,9 +258,10 @@ def test_rejected_batches_leave_counts_unchanged(env):
             metric(before, "ldp_rejected_batches_total", reason=reason) == want, reason
 
 
-def test_http_reports(env):
+def test_http_reports_through_the_ingest(env):
+    """Single reports reach this worker's counts through the ingest service (the one HTTP door, open mode):
+    JSON objects, lists, a default step; bad requests are refused with their reason and never counted."""
     c = env.campaign
-    url = f"{env.worker.url}/reports"
     rng = np.random.default_rng(11)
     t = 70
     p_opt, p_app = c.attributes["opt_in"].protocol, c.attributes["app_version"].protocol
@@ -269,51 +271,56 @@ def test_http_reports(env):
               "protocol": p_opt.name, "fingerprint": p_opt.fingerprint}
     many = [{"campaign": c.id, "attribute": "app_version", "t": t, "payload": b64_report(p_app, r_app[i:i + 1])}
             for i in range(3)]
-    t_default0 = math.floor(time.time() / c.time_step_seconds)
     no_t = {"campaign": c.id, "attribute": "opt_in", "payload": b64_report(p_opt, r_opt)}
-    assert http("POST", url, single) == (200, {"accepted": 1})
-    assert http("POST", url, many) == (200, {"accepted": 3})
-    assert http("POST", url, no_t) == (200, {"accepted": 1})
-    t_default1 = math.floor(time.time() / c.time_step_seconds)
-    wait_for_counts(env.redis, c.id, {("opt_in", t): (p_opt.support(r_opt), 1),
-                                      ("app_version", t): (p_app.support(r_app), 3)}, timeout=30)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:  # t defaults to floor(now / time_step_seconds)
-        n_default = sum(read_counts(env.redis, c.id, "opt_in", td, 2)[1] for td in {t_default0, t_default1})
-        if n_default:
-            break
-        time.sleep(0.05)
-    assert n_default == 1
+    with IngestProcess([env.cfile], env.kafka, env.redis, run_dir=env.run_dir, topic_prefix=f"{env.tag}.") as ingest:
+        url = f"{ingest.url}/reports"
+        t_default0 = math.floor(time.time() / c.time_step_seconds)
+        assert http("POST", url, single) == (200, {"accepted": 1})
+        assert http("POST", url, many) == (200, {"accepted": 3})
+        assert http("POST", url, no_t) == (200, {"accepted": 1})
+        t_default1 = math.floor(time.time() / c.time_step_seconds)
+        wait_for_counts(env.redis, c.id, {("opt_in", t): (p_opt.support(r_opt), 1),
+                                          ("app_version", t): (p_app.support(r_app), 3)}, timeout=30)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # t defaults to floor(now / time_step_seconds)
+            n_default = sum(read_counts(env.redis, c.id, "opt_in", td, 2)[1] for td in {t_default0, t_default1})
+            if n_default:
+                break
+            time.sleep(0.05)
+        assert n_default == 1
 
-    _, before = http("GET", f"{env.worker.url}/metrics")
-    cases = {
-        "bad_json": (None, b"{not json"),
-        "wrong_fingerprint": ({**single, "fingerprint": "0" * 16}, None),
-        "wrong_protocol": ({**single, "protocol": "GRR"}, None),
-        "unknown_attribute": ({**single, "attribute": "nope"}, None),
-        "bad_payload": ({**single, "payload": b64_report(p_opt, np.concatenate([r_opt, r_opt]))}, None),
-        "truncated": ({**single, "payload": base64.b64encode(p_opt.encode(r_opt)[:-1]).decode()}, None),
-    }
-    for reason, (body, raw) in cases.items():
-        status, resp = http("POST", url, body, raw)
-        assert status == 400 and resp["error"] == reason, (reason, resp)
-    # all-or-nothing: a valid report next to a bad one is not published
-    status, resp = http("POST", url, [single, {**single, "t": -1}])
-    assert status == 400 and resp["errors"] == [{"index": 1, "reason": "bad_json", "detail": resp["errors"][0]["detail"]}]
-
-    docs = consume(env.kafka, env.rejected,
-                   lambda ds: sum(d["source"] == "http" for d in ds) >= len(cases) + 1, timeout=30)
-    reasons = sorted(d["reason"] for d in docs if d["source"] == "http")
-    assert reasons == sorted([*cases, "bad_json"])
-    _, after = http("GET", f"{env.worker.url}/metrics")
-    for reason in cases:
-        want = 2 if reason == "bad_json" else 1
-        assert metric(after, "ldp_rejected_batches_total", reason=reason) - \
-            metric(before, "ldp_rejected_batches_total", reason=reason) == want, reason
-    time.sleep(0.5)  # nothing of the failed requests reaches Redis
+        _, before = http("GET", f"{ingest.url}/metrics")
+        cases = {
+            "bad_json": (None, b"{not json"),
+            "wrong_fingerprint": ({**single, "fingerprint": "0" * 16}, None),
+            "wrong_protocol": ({**single, "protocol": "GRR"}, None),
+            "unknown_attribute": ({**single, "attribute": "nope"}, None),
+            "bad_payload": ({**single, "payload": b64_report(p_opt, np.concatenate([r_opt, r_opt]))}, None),
+            "truncated": ({**single, "payload": base64.b64encode(p_opt.encode(r_opt)[:-1]).decode()}, None),
+        }
+        for reason, (body, raw) in cases.items():
+            status, resp = http("POST", url, body, raw)
+            assert status == 400 and resp["error"] == reason, (reason, resp)
+        # all-or-nothing: a valid report next to a bad one is not published
+        status, resp = http("POST", url, [single, {**single, "t": -1}])
+        assert status == 400 and resp["errors"] == [{"index": 1, "reason": "bad_json",
+                                                     "detail": resp["errors"][0]["detail"]}]
+        _, after = http("GET", f"{ingest.url}/metrics")
+        for reason in cases:
+            want = 2 if reason == "bad_json" else 1
+            assert metric(after, "ldp_ingest_refused_total", reason=reason) - \
+                metric(before, "ldp_ingest_refused_total", reason=reason) == want, reason
+        assert metric(after, "ldp_ingest_reports_total", campaign=c.id, attribute="app_version") == 3
+    time.sleep(0.5)  # nothing of the refused requests reaches Redis
     counts, n = read_counts(env.redis, c.id, "opt_in", t, 2)
     assert n == 1 and np.array_equal(counts, p_opt.support(r_opt))
-    assert metric(after, "ldp_http_reports_total", campaign=c.id, attribute="app_version") == 3
+
+
+def test_the_worker_takes_no_reports(env):
+    """The ingest is the one door for device reports: a worker answers POST /reports with 404 or 405."""
+    body = {"campaign": env.campaign.id, "attribute": "opt_in", "t": 0, "payload": "AA=="}
+    status, _ = http("POST", f"{env.worker.url}/reports", body)
+    assert status in (404, 405)
 
 
 def test_campaigns_dashboard_and_errors(env):
@@ -414,7 +421,7 @@ def test_lateness_finalization_revisions_and_lease(local_stack, tmp_path):
 def test_redelivered_batches_are_not_counted(local_stack, tmp_path):
     """The hot path in-process: a batch id applied once is skipped at any partition or offset (a redelivery,
     a replay from an earlier offset, a recreated topic's offsets); a rejection does not count."""
-    from stream_app.app import Pipeline
+    from stream_app.app import Worker
 
     tag = uuid.uuid4().hex[:8]
     c = Campaign.load(unique_campaign_file(DEMO, tmp_path, tag))
@@ -425,13 +432,14 @@ def test_redelivered_batches_are_not_counted(local_stack, tmp_path):
     other = envelope.pack_reports(c, "app_version", 0, reports, batch_id="hot:0:app_version:1")
 
     async def scenario() -> list[str]:
-        pipe = Pipeline({c.id: c}, local_stack.info.redis_url, app_id=f"hot-{tag}", topics=Topics())
+        worker = Worker({c.id: c}, local_stack.info.redis_url, app_id=f"hot-{tag}", topics=Topics())
+        pipe = worker.pipeline
         try:
             return [await pipe.process(blob, 2, 10), await pipe.process(blob, 2, 10),
                     await pipe.process(blob, 2, 9), await pipe.process(blob[:-3], 2, 11),
                     await pipe.process(blob, 3, 0), await pipe.process(other, 2, 3)]
         finally:
-            await pipe.close()
+            await worker.close()
 
     assert asyncio.run(scenario()) == ["applied", "duplicate", "duplicate", "rejected", "duplicate", "applied"]
     counts, n = read_counts(local_stack.info.redis_url, c.id, "app_version", 0, proto.k)

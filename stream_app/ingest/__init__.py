@@ -1,4 +1,6 @@
-"""The HTTP ingest of single device reports: ``ldp ingest`` (:mod:`.service`) and the worker's ``POST /reports``.
+"""The HTTP ingest of single device reports, ``ldp ingest`` (:mod:`.service`): the one door for device reports.
+
+It imports the wire contract and the count store, never the worker (``tests/test_layering.py`` checks it).
 
 Modules: :mod:`.handler` (one request, independent of the HTTP server), :mod:`.auth` (device tokens and
 keyed hashes), :mod:`.limits` (rate limits and idempotency in Redis, through :class:`stream_app.store.CountStore`),
@@ -27,14 +29,6 @@ bearer credential, not an anonymous one; Privacy Pass tokens would remove this, 
 are not used yet). Timing and client addresses are visible to the HTTP layer as with any service. None of
 this weakens the reports' local differential privacy: each report is randomized on the device, and the
 longitudinal guarantees of the protocols already assume the server knows which reports are one device's.
-
-Worker ``POST /reports``
-------------------------
-The same :class:`~.handler.ReportHandler`: with ``LDP_DEVICE_SECRET`` set it asks for tokens and applies
-the same rate limits and idempotency records (in the worker's Redis); without a secret it is *disabled*
-(403 ``reports_disabled``) unless the worker runs with ``--open-reports`` (``LDP_OPEN_REPORTS=true``),
-development only (the test harness, the local demo): no credential, no rate limit. No production
-configuration has an unauthenticated write path.
 
 Idempotency and crashes
 -----------------------

@@ -6,7 +6,7 @@ ingest); when it ends, or as soon as ``max_reports`` wait, everything waiting is
 attribute, t) and sent as ordinary batch envelopes on ``ldp.reports``, while the next reports start the
 next linger: publishes overlap, a request waits for its own batch only. Each envelope gets a fresh unique
 batch id (``http:<uuid4 hex>``), so the count store applies it at most once whatever the broker or the
-consumer redeliver. Used by the ingest service and by the worker's ``POST /reports`` (one implementation).
+consumer redeliver. Used by the ingest service.
 """
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """One report request, from its headers to its answer: independent of the HTTP server.
 
-:class:`ReportHandler` serves ``POST /reports`` of the ingest service (:mod:`.service`, :mod:`.http`) and of
-the Faust worker (aiohttp, :mod:`stream_app.api`): one implementation of authentication, body limits,
-decoding, rate limits, idempotency and publishing. In order (the first failure answers):
+:class:`ReportHandler` serves ``POST /reports`` of the ingest service (:mod:`.service`, :mod:`.http`), the one
+door for device reports: authentication, body limits, decoding, rate limits, idempotency and publishing.
+In order (the first failure answers):
 
 1. credential (``Authorization: Bearer <token>``, :mod:`.auth`): 401 ``missing_token`` /
    ``malformed_token`` / ``forged_token`` / ``expired_token``; none asked in *open* mode (development);
@@ -12,7 +12,7 @@ decoding, rate limits, idempotency and publishing. In order (the first failure a
 4. body size: 413 ``body_too_large`` past ``max_body_bytes`` (from ``Content-Length`` before reading, or
    while reading a chunked body);
 5. decoding, all-or-nothing: 400 with the reason of the first bad report (and ``errors``, one per bad
-   JSON object), a rejection record per bad object where the server keeps them (the worker);
+   JSON object), a rejection record per bad object where the server keeps them (a ``reject`` hook);
 6. report count: 413 ``too_many_reports`` past the credential's limit (device, relay);
 7. steps (tokens only): 400 ``step_out_of_window`` for a ``t`` outside :func:`.limits.step_window`;
 8. rate limit (device tokens): one report per device per (campaign, attribute, t), 429 ``rate_limited``
@@ -74,7 +74,7 @@ class Reply(NamedTuple):
 
 @dataclass(frozen=True)
 class HandlerLimits:
-    """Limits of the handler (the ingest's settings; the worker's ``POST /reports`` has its own)."""
+    """Limits of the handler (from the ingest's settings)."""
 
     max_body_bytes: int = 1 << 20
     max_device_reports: int = 256
@@ -90,12 +90,11 @@ def _doc(status: int, doc: dict[str, Any], headers: tuple[tuple[str, str], ...] 
 
 class ReportHandler:
     """``POST /reports`` (module doc). ``authority=None`` is *open* mode (no credential, no rate limit;
-    development only); ``disabled`` (a reason) refuses every request with 403."""
+    development only)."""
 
     def __init__(self, campaigns: Mapping[str, Campaign], submit: Submit, metrics: IngestMetrics, *,
                  authority: TokenAuthority | None, ledger: RequestLedger | None,
-                 limits: HandlerLimits = HandlerLimits(), reject: Reject | None = None,
-                 disabled: str | None = None) -> None:
+                 limits: HandlerLimits = HandlerLimits(), reject: Reject | None = None) -> None:
         self.campaigns = campaigns
         self.submit = submit
         self.metrics = metrics
@@ -103,7 +102,6 @@ class ReportHandler:
         self.ledger = ledger
         self.limits = limits
         self.reject = reject
-        self.disabled = disabled
 
     async def handle(self, headers: Mapping[str, str], read_body: ReadBody) -> Reply:
         """Answer one request (``headers``: case-insensitive or lower-case names)."""
@@ -120,8 +118,6 @@ class ReportHandler:
         return _doc(status, {"error": reason, "detail": detail, **extra}, headers)
 
     async def _handle(self, headers: Mapping[str, str], read_body: ReadBody) -> Reply:
-        if self.disabled:
-            return self.refuse(403, "reports_disabled", self.disabled)
         now = time.time()
         cred: Credential | None = None
         if self.authority is not None:

@@ -1,4 +1,4 @@
-"""Prometheus metrics of the report handler (the ingest service's, and the worker's ``POST /reports``).
+"""Prometheus metrics of the ingest service's report handler.
 
 ``ldp ingest`` runs several processes behind one port: each records into prometheus_client's
 multiprocess files (``PROMETHEUS_MULTIPROC_DIR``, set up by :func:`stream_app.ingest.service.serve`) and
