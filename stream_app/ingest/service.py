@@ -210,7 +210,7 @@ def create_app() -> IngestApp:
 GC_YOUNG_THRESHOLD = 50_000
 
 
-def _quiet_garbage_collector() -> None:
+def quiet_garbage_collector() -> None:
     """Move what start-up built (campaigns, protocol tables, compiled kernels, clients) out of the cyclic
     garbage collector's reach (``gc.freeze``) and collect the young generation less often, so that a
     process serving thousands of requests a second does not pause to rescan them."""
@@ -246,7 +246,7 @@ async def _serve_until_stopped(ready: Callable[[], None]) -> None:
     server = HttpServer(app.route, http_limits(s), on_refusal=app.http_refused)
     try:
         await server.start(s.host, s.port)
-        _quiet_garbage_collector()
+        quiet_garbage_collector()
         ready()
         await stop.wait()
         log.info("stopping: answering the requests in flight")
