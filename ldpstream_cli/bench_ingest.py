@@ -510,23 +510,16 @@ class BenchConfig:
     redis_aof_rewrite_mb: int | None = None  # Redis's auto-aof-rewrite-min-size (None: Redis's default, 64 MB)
     compact_redis: bool = True  # rewrite the local Redis's AOF before each open-loop point (module doc)
     rate: float | None = None  # open loop at this many requests/s instead of half the saturation (no search)
-    server: str = "own"  # the ingest's HTTP server: own (ldp ingest) or uvicorn (SERVERS)
+    server: str = "uvicorn"  # the ingest's HTTP server (SERVERS)
 
 
 BENCH_ATTRIBUTE = "app_version"
 #: How the bench starts the ingest (its settings travel as environment variables, the secret too).
 INGEST_COMMAND = (sys.executable, "-m", "ldpstream_cli", "ingest")
-#: The HTTP servers the bench can put in front of the same handler (``--server``): ``own`` is ``ldp ingest``
-#: (:mod:`stream_app.ingest.http` in :mod:`stream_app.ingest.prefork`'s processes); ``uvicorn`` serves
-#: :mod:`stream_app.ingest.asgi` with uvicorn's httptools parser, uvloop and ``--workers N`` processes.
-SERVERS = ("own", "uvicorn")
-
-
-def uvicorn_command(processes: int, host: str, port: int, keepalive_seconds: float) -> list[str]:
-    """uvicorn's command line for the ingest (its settings come from the environment, as ``ldp ingest``'s do)."""
-    return [sys.executable, "-m", "uvicorn", "stream_app.ingest.asgi:create_asgi", "--factory", "--http", "httptools",
-            "--loop", "uvloop", "--workers", str(processes), "--host", host, "--port", str(port),
-            "--timeout-keep-alive", f"{keepalive_seconds:g}", "--no-access-log", "--log-level", "warning"]
+#: The HTTP servers the bench can put in front of the ingest's handler (``--server``): ``uvicorn``, as ``ldp ingest``
+#: runs it (:mod:`stream_app.ingest.server`). The own HTTP/1.1 server it was measured against is gone
+#: (docs/benchmarks.md, "Ingest HTTP server").
+SERVERS = ("uvicorn",)
 
 
 def bench_campaign(cid: str, batch: int) -> dict[str, Any]:
@@ -594,7 +587,6 @@ class _Ingest:
         """Start everything; returns (the campaign, the host, the port)."""
         from ldpstream_dev.stack import LocalStack
         from stream_app.ingest.auth import DeviceSecret
-        from stream_app.ingest.metrics import MULTIPROC_ENV
         from stream_app.ingest.settings import IngestSettings, ingest_setting_specs
         from stream_app.settings import free_port
         from wire.campaign import Campaign
@@ -614,17 +606,13 @@ class _Ingest:
         linger = {} if self.cfg.linger_ms is None else {"linger_seconds": self.cfg.linger_ms / 1e3}
         settings = IngestSettings(campaign_paths=(path,), kafka_bootstrap=info.kafka_bootstrap,
                                   redis_url=info.redis_url, host="127.0.0.1", port=self.port,
-                                  processes=self.cfg.processes, **linger)
+                                  processes=self.cfg.processes, **linger,
+                                  max_connections_per_ip=max(1000, 2 * self.cfg.max_clients))  # all from 127.0.0.1
         own = {spec["env"] for spec in ingest_setting_specs().values()}
         env = {k: v for k, v in os.environ.items() if k not in own and not k.startswith("LDP_DEVICE_SECRET")}
         env.update(self.stack.client_env(), **settings.to_env(), LDP_DEVICE_SECRET=self.secret.hex())
         env["PYTHONPATH"] = os.pathsep.join(x for x in (str(_ROOT), env.get("PYTHONPATH", "")) if x)
         cmd = [*INGEST_COMMAND]
-        if self.cfg.server == "uvicorn":
-            cmd = uvicorn_command(self.cfg.processes, "127.0.0.1", self.port, settings.keepalive_seconds)
-            metrics_dir = self.run_dir / "metrics"  # what `ldp ingest` makes for its processes
-            metrics_dir.mkdir()
-            env[MULTIPROC_ENV] = str(metrics_dir)
         self.say(f"starting the ingest ({self.cfg.server} server, {self.cfg.processes} process(es)) on port {self.port}")
         self.log = open(self.run_dir / "ingest.log", "ab")
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env,

@@ -521,7 +521,8 @@ def bench_pipeline(steps: Annotated[int, typer.Option(help="Time steps per proto
 @bench_app.command("ingest")
 def bench_ingest(processes: Annotated[int, typer.Option(help="Processes of `ldp ingest` (one port).")] = 2,
                  server: Annotated[str, typer.Option(
-                     help="The ingest's HTTP server: own or uvicorn (httptools, uvloop), same handler.")] = "own",
+                     help="The ingest's HTTP server: uvicorn (httptools, uvloop), as `ldp ingest` runs it; the own "
+                          "server it was measured against is gone (docs/benchmarks.md).")] = "uvicorn",
                  seconds: Annotated[float, typer.Option(help="Measured seconds per point.")] = 3.0,
                  warmup: Annotated[float, typer.Option(help="Warm-up seconds before each point.")] = 1.0,
                  workload: Annotated[Optional[list[str]], typer.Option(

@@ -1,19 +1,25 @@
-"""The ingest as an ASGI application, for uvicorn (``uvicorn stream_app.ingest.asgi:create_asgi --factory
---http httptools --loop uvloop --workers N``): the same :class:`~.service.IngestApp` and :meth:`route` as the
-own server (:mod:`.http`), behind the ASGI interface.
+"""The ingest as an ASGI application for uvicorn (:func:`create_asgi`, a factory: one per worker process):
+:meth:`~.service.IngestApp.route` behind the ASGI interface.
 
-Lifespan startup starts the process's :class:`~.service.IngestApp` (producer, Redis) and quiets the garbage
-collector as the own server does; shutdown stops it. A request's headers reach the handler as the own server
-gives them (lower-case names, repeated fields joined by ``", "``); its body is read whole, at most
-``max_body_bytes`` (over it, announced or while it arrives: ``too_large``, the answer closes the connection).
+Lifespan startup starts the process's :class:`~.service.IngestApp` (producer, Redis), puts its
+:class:`~.server.ConnectionGuard` in the lifespan state (the connections' limits, refusals counted by the
+app), quiets the garbage collector (:func:`~.service.quiet_garbage_collector`) and, in a worker process of a
+supervisor, watches that supervisor (killed with SIGKILL, nobody forwards SIGTERM: the worker stops within a
+second). Shutdown stops the app. A request reaches the handler as a :class:`~.service.Request`: lower-case
+header names, repeated fields joined by ``", "``, the body read whole, at most ``max_body_bytes`` (over it,
+announced or while it arrives: ``too_large``, and the answer closes the connection).
 """
 from __future__ import annotations
 
 import logging
+import os
+import signal
+import threading
+import time
 from typing import Any, Awaitable, Callable
 
-from .http import Request, Response
-from .service import IngestApp, create_app, quiet_garbage_collector
+from .server import GUARD_KEY, ConnectionGuard
+from .service import IngestApp, Request, Response, configure_logging, create_app, quiet_garbage_collector
 
 __all__ = ["IngestAsgi", "create_asgi"]
 
@@ -37,15 +43,21 @@ class IngestAsgi:
         if kind == "http":
             await self._http(scope, receive, send)
         elif kind == "lifespan":
-            await self._lifespan(receive, send)
+            await self._lifespan(scope, receive, send)
 
-    async def _lifespan(self, receive: Receive, send: Send) -> None:
+    async def _lifespan(self, scope: Scope, receive: Receive, send: Send) -> None:
         while True:
             message = await receive()
             if message["type"] == "lifespan.startup":
                 try:
-                    self.app = self.factory()
-                    await self.app.start()
+                    self.app = app = self.factory()
+                    s = app.settings
+                    configure_logging(s)
+                    await app.start()
+                    if "state" in scope:
+                        scope["state"][GUARD_KEY] = self.guard(app)
+                    if s.processes > 1:
+                        _watch_supervisor()
                     quiet_garbage_collector()
                 except Exception as exc:  # noqa: BLE001 - told to the server, which exits
                     log.exception("the ingest could not start")
@@ -57,6 +69,13 @@ class IngestAsgi:
                     await self.app.stop()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
+
+    def guard(self, app: IngestApp) -> ConnectionGuard:
+        """The connection guard of this process (:mod:`.server`), from the app's settings."""
+        s = app.settings
+        return ConnectionGuard(request_seconds=s.request_timeout, first_byte_seconds=s.first_byte_timeout,
+                               max_connections=s.max_connections, max_connections_per_ip=s.max_connections_per_ip,
+                               on_refusal=app.http_refused)
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         app = self.app
@@ -97,6 +116,19 @@ class IngestAsgi:
             out.append((b"connection", b"close"))  # the rest of the body is not read
         await send({"type": "http.response.start", "status": response.status, "headers": out})
         await send({"type": "http.response.body", "body": response.body})
+
+
+def _watch_supervisor() -> None:
+    """SIGTERM to this process once its parent (the supervisor) is gone."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        log.error("the supervisor (pid %d) is gone: stopping", parent)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="watch-supervisor", daemon=True).start()
 
 
 def create_asgi() -> IngestAsgi:
