@@ -20,11 +20,12 @@ from typing import Any, Iterator
 
 import pytest
 import uvicorn
+import uvloop
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from stream_app.ingest.asgi import IngestAsgi
-from stream_app.ingest.server import GUARD_KEY, ConnectionGuard, IngestHttpProtocol
+from stream_app.ingest.server import ConnectionGuard, IngestHttpProtocol
 from stream_app.ingest.service import Request, Response
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -85,7 +86,7 @@ class ServerThread:
                                 lifespan="on", timeout_keep_alive=keepalive, timeout_graceful_shutdown=10,
                                 access_log=False, log_config=None)
         self.server = uvicorn.Server(config)
-        self.loop = asyncio.new_event_loop()
+        self.loop = uvloop.new_event_loop()  # as in `ldp ingest`
         self.thread = threading.Thread(target=lambda: self.loop.run_until_complete(self.server.serve()), daemon=True)
         self.thread.start()
         deadline = time.monotonic() + 10
@@ -116,6 +117,25 @@ def server() -> Iterator[ServerThread]:
     srv = ServerThread(max_header_bytes=2048, request_seconds=2.0, first_byte_seconds=2.0)
     yield srv
     srv.close()
+
+
+def test_the_uvicorn_internals_the_guards_use_are_still_there() -> None:
+    """stream_app/ingest/server.py subclasses uvicorn's httptools protocol: what it overrides and reads must exist
+    (pyproject.toml pins uvicorn's range; this fails first when a new uvicorn renames them)."""
+    import inspect
+
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+
+    for name in ("connection_made", "connection_lost", "data_received", "on_message_begin", "on_url", "on_header",
+                 "on_headers_complete", "on_message_complete", "_unset_keepalive_if_required"):
+        assert callable(getattr(HttpToolsProtocol, name, None)), name
+    assert {"config", "server_state", "app_state"} <= set(inspect.signature(HttpToolsProtocol.__init__).parameters)
+    init = inspect.getsource(HttpToolsProtocol.__init__) + inspect.getsource(HttpToolsProtocol.connection_made)
+    for attr in ("self.parser", "self.app_state", "self.connections", "self.cycle", "self.logger", "self.loop",
+                 "self.transport", "self.client"):
+        assert attr in init, attr
+    cycle = inspect.getsource(RequestResponseCycle.__init__)
+    assert "self.response_started" in cycle and "self.response_complete" in cycle
 
 
 def connect(srv: ServerThread) -> socket.socket:
