@@ -55,7 +55,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 __all__ = ["Workload", "Point", "PythonLoad", "WrkLoad", "wrk_available", "find_saturation", "BenchConfig",
-           "run_bench", "TARGETS"]
+           "run_bench", "TARGETS", "SERVERS"]
 
 #: Connections of the open-loop half-saturation point at most (``--half-clients`` overrides): about
 #: rate x latency are busy at once (7,000/s x 20 ms = 140), and at 512-1024 connections the p99 at half
@@ -510,11 +510,16 @@ class BenchConfig:
     redis_aof_rewrite_mb: int | None = None  # Redis's auto-aof-rewrite-min-size (None: Redis's default, 64 MB)
     compact_redis: bool = True  # rewrite the local Redis's AOF before each open-loop point (module doc)
     rate: float | None = None  # open loop at this many requests/s instead of half the saturation (no search)
+    server: str = "uvicorn"  # the ingest's HTTP server (SERVERS)
 
 
 BENCH_ATTRIBUTE = "app_version"
 #: How the bench starts the ingest (its settings travel as environment variables, the secret too).
 INGEST_COMMAND = (sys.executable, "-m", "ldpstream_cli", "ingest")
+#: The HTTP servers the bench can put in front of the ingest's handler (``--server``): ``uvicorn``, as ``ldp ingest``
+#: runs it (:mod:`stream_app.ingest.server`). The own HTTP/1.1 server it was measured against is gone
+#: (docs/benchmarks.md, "Ingest HTTP server").
+SERVERS = ("uvicorn",)
 
 
 def bench_campaign(cid: str, batch: int) -> dict[str, Any]:
@@ -601,13 +606,16 @@ class _Ingest:
         linger = {} if self.cfg.linger_ms is None else {"linger_seconds": self.cfg.linger_ms / 1e3}
         settings = IngestSettings(campaign_paths=(path,), kafka_bootstrap=info.kafka_bootstrap,
                                   redis_url=info.redis_url, host="127.0.0.1", port=self.port,
-                                  processes=self.cfg.processes, **linger)
+                                  processes=self.cfg.processes, **linger,
+                                  # every client comes from 127.0.0.1, and a point opens all its connections
+                                  # before the first request (1,024 of them can take seconds)
+                                  max_connections_per_ip=max(1000, 2 * self.cfg.max_clients), first_byte_timeout=60.0)
         own = {spec["env"] for spec in ingest_setting_specs().values()}
         env = {k: v for k, v in os.environ.items() if k not in own and not k.startswith("LDP_DEVICE_SECRET")}
         env.update(self.stack.client_env(), **settings.to_env(), LDP_DEVICE_SECRET=self.secret.hex())
         env["PYTHONPATH"] = os.pathsep.join(x for x in (str(_ROOT), env.get("PYTHONPATH", "")) if x)
         cmd = [*INGEST_COMMAND]
-        self.say(f"starting ldp ingest --processes {self.cfg.processes} on port {self.port}")
+        self.say(f"starting the ingest ({self.cfg.server} server, {self.cfg.processes} process(es)) on port {self.port}")
         self.log = open(self.run_dir / "ingest.log", "ab")
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env,
                                      start_new_session=True, cwd=str(self.run_dir))
@@ -753,6 +761,8 @@ def run_bench(cfg: BenchConfig, on_status: Callable[[str], None] = print,
     """Start the ingest (module doc), measure every workload, stop everything; returns the results."""
     if cfg.generator not in ("auto", "wrk", "python"):
         raise ValueError(f"unknown generator {cfg.generator!r}: auto, wrk or python")
+    if cfg.server not in SERVERS:
+        raise ValueError(f"unknown server {cfg.server!r}: {' or '.join(SERVERS)}")
     unknown = [w for w in cfg.workloads if w not in ("json", "binary", "batch")]
     counts = (cfg.processes, cfg.batch, cfg.start_clients, 1 if cfg.half_clients is None else cfg.half_clients)
     if cfg.rate is not None and not cfg.rate > 0:
@@ -810,7 +820,7 @@ def run_bench(cfg: BenchConfig, on_status: Callable[[str], None] = print,
     finally:
         ingest.stop()
         shutil.rmtree(run_dir, ignore_errors=True)
-    doc = {"processes": cfg.processes, "generator": "wrk" if use_wrk else "python", "cpus": os.cpu_count(),
+    doc = {"server": cfg.server, "processes": cfg.processes, "generator": "wrk" if use_wrk else "python", "cpus": os.cpu_count(),
            "broker_storage": cfg.broker_storage, "redis_aof_rewrite_mb": cfg.redis_aof_rewrite_mb or 64,
            "redis_compacted_before_half": cfg.compact_redis,
            "acknowledged_reports": acknowledged, "published_reports": published,
@@ -850,7 +860,7 @@ def render(doc: dict[str, Any], console: Any) -> None:
 
     from .terminal import print_table
 
-    t = Table(title=f"ldp bench ingest: {doc['processes']} ingest process(es), {doc['cpus']} CPUs, load generator "
+    t = Table(title=f"ldp bench ingest: {doc['server']} HTTP server, {doc['processes']} ingest process(es), {doc['cpus']} CPUs, load generator "
                     f"{doc['generator']} (closed loop) + python (open loop), {doc['broker_storage']} broker storage, "
                     f"Redis AOF rewrite from {doc['redis_aof_rewrite_mb']} MB"
                     f"{' and before each open-loop point' if doc['redis_compacted_before_half'] else ''}")

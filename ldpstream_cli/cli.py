@@ -588,6 +588,9 @@ def bench_pipeline(steps: Annotated[int, typer.Option(help="Time steps per proto
 
 @bench_app.command("ingest")
 def bench_ingest(processes: Annotated[int, typer.Option(help="Processes of `ldp ingest` (one port).")] = 2,
+                 server: Annotated[str, typer.Option(
+                     help="The ingest's HTTP server: uvicorn (httptools, uvloop), as `ldp ingest` runs it; the own "
+                          "server it was measured against is gone (docs/benchmarks.md).")] = "uvicorn",
                  seconds: Annotated[float, typer.Option(help="Measured seconds per point.")] = 3.0,
                  warmup: Annotated[float, typer.Option(help="Warm-up seconds before each point.")] = 1.0,
                  workload: Annotated[Optional[list[str]], typer.Option(
@@ -626,7 +629,7 @@ def bench_ingest(processes: Annotated[int, typer.Option(help="Processes of `ldp 
                       start_clients=start_clients, max_clients=max_clients, worker=worker,
                       broker_storage=broker_storage, linger_ms=linger_ms, idempotency=idempotency, json_path=json_out,
                       half_clients=half_clients, redis_aof_rewrite_mb=redis_aof_rewrite_mb, compact_redis=compact_redis,
-                      rate=rate)
+                      rate=rate, server=server)
     try:
         code = bench_main(cfg, console)
     except (ValueError, RuntimeError, TimeoutError) as exc:

@@ -44,6 +44,8 @@ def ingest(campaign_paths: Annotated[Optional[list[Path]], _option("campaign_pat
            request_timeout: Annotated[Optional[float], _option("request_timeout")] = None,
            keepalive_seconds: Annotated[Optional[float], _option("keepalive_seconds")] = None,
            max_connections: Annotated[Optional[int], _option("max_connections")] = None,
+           max_connections_per_ip: Annotated[Optional[int], _option("max_connections_per_ip")] = None,
+           first_byte_timeout: Annotated[Optional[float], _option("first_byte_timeout")] = None,
            open_mode: Annotated[Optional[bool], _option("open_mode")] = None,
            loglevel: Annotated[Optional[str], _option("loglevel")] = None) -> None:
     """Run the HTTP ingest: POST /reports (device tokens, rate limits, idempotency keys) -> ldp.reports.

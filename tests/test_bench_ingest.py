@@ -162,6 +162,7 @@ def test_bench_ingest_at_a_given_rate_runs_only_the_open_loop_point(tmp_path):
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     doc = json.loads(out.read_text())
     assert doc["rate"] == 300 and [w["workload"] for w in doc["workloads"]] == ["binary x1"]
+    assert doc["server"] == "uvicorn"  # `ldp ingest`'s server, the only one left (docs/benchmarks.md)
     w = doc["workloads"][0]
     assert w["saturation"] is None and w["curve"] == []
     half = w["half"]
@@ -171,3 +172,5 @@ def test_bench_ingest_at_a_given_rate_runs_only_the_open_loop_point(tmp_path):
     assert "saturation search" not in run.stdout and "met" not in run.stdout.split("reports acknowledged")[-1]
     bad = subprocess.run([*cmd[:-2], "--rate", "0"], capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
     assert bad.returncode != 0 and "--rate must be > 0" in bad.stdout + bad.stderr
+    own = subprocess.run([*cmd, "--server", "own"], capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
+    assert own.returncode != 0 and "unknown server 'own'" in own.stdout + own.stderr

@@ -39,7 +39,7 @@ def test_the_pinned_ranges_hold_the_installed_versions():
         assert spec.contains(Version(version(dist))), (dist, version(dist), str(spec))
         assert any(s.operator == "<" for s in spec), f"{dist} has no upper bound in pyproject.toml"
     doc = (ROOT / "docs" / "architecture.md").read_text()
-    assert "## Private internals of Faust and aiokafka" in doc
+    assert "## Private internals of Faust and aiokafka (and uvicorn)" in doc
 
 
 def test_faust_consumer_internals():
@@ -109,5 +109,5 @@ def test_aiokafka_producer_internals():
 @pytest.mark.parametrize("module", ["stream_app/consumer.py", "stream_app/worker.py", "stream_app/broker.py"])
 def test_the_document_names_every_module_that_uses_them(module):
     doc = (ROOT / "docs" / "architecture.md").read_text()
-    section = doc.split("## Private internals of Faust and aiokafka", 1)[1]
+    section = doc.split("## Private internals of Faust and aiokafka (and uvicorn)", 1)[1]
     assert f"`{module}`" in section or f"`{module.split('/', 1)[1]}`" in section

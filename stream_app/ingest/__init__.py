@@ -4,9 +4,9 @@ It imports the wire contract and the count store, never the worker (``tests/test
 
 Modules: :mod:`.handler` (one request, independent of the HTTP server), :mod:`.auth` (device tokens and
 keyed hashes), :mod:`.limits` (rate limits and idempotency in Redis, through :class:`stream_app.store.CountStore`),
-:mod:`.batcher` (reports -> batch envelopes -> Kafka), :mod:`.metrics`, :mod:`.settings`, :mod:`.http` (the HTTP/1.1
-server: httptools on the process's event loop), :mod:`.prefork` (several processes on one port), :mod:`.service`
-(the ingest of one process and ``serve``; why its own HTTP server: its docstring).
+:mod:`.batcher` (reports -> batch envelopes -> Kafka), :mod:`.metrics`, :mod:`.settings`, :mod:`.service`
+(the ingest of one process and ``serve``), :mod:`.asgi` (it as an ASGI application), :mod:`.server` (uvicorn's
+httptools protocol with the connection guards uvicorn lacks).
 
 What the server can and cannot link
 -----------------------------------

@@ -4,9 +4,11 @@ Routes: ``POST /reports`` (:class:`~stream_app.ingest.handler.ReportHandler`: th
 ``GET /health`` (200 ``{"healthy": true}`` while Redis answers and the producer runs, else 503 with the
 problems), ``GET /metrics`` (Prometheus, summed over the processes: :mod:`.metrics`).
 
-HTTP stack: this package's own small HTTP/1.1 server (:mod:`.http`: httptools' parser on the process's
-uvloop event loop, one thread) and pre-fork supervisor (:mod:`.prefork`: ``--processes N`` forks N
-processes that each listen on the port with ``SO_REUSEPORT``). Its measurements against granian: docs/benchmarks.md.
+HTTP server: uvicorn (httptools' parser, uvloop; ``--processes N`` is uvicorn's ``workers``: N processes
+accept on one socket, a dead one is replaced) serving :mod:`.asgi`, with the connection guards of
+:mod:`.server` (first-byte and request timeouts, header size, connections per process and per client
+address). It replaced a home-made HTTP/1.1 server after ``ldp bench ingest --server own|uvicorn``
+(docs/benchmarks.md, "Ingest HTTP server").
 
 All shared state (rate-limit slots, idempotency records) is in Redis, so the processes, and any number of
 hosts behind a load balancer, are interchangeable. SIGTERM (the supervisor forwards it to every process):
@@ -22,11 +24,10 @@ import json
 import logging
 import os
 import shutil
-import signal
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, NamedTuple, Sequence
 
 from wire.campaign import Campaign, load_campaigns
 from wire.topics import Topics
@@ -37,18 +38,38 @@ from ..store import RETRYABLE_ERRORS, CountStore
 from .auth import DeviceSecret, TokenAuthority
 from .batcher import Batcher
 from .handler import BodyTooLarge, HandlerLimits, ReadBody, ReportHandler
-from .http import HttpLimits, HttpServer, Request, Response
 from .limits import RequestLedger
 from .metrics import MULTIPROC_ENV, IngestMetrics, render, use_multiprocess_values
-from .prefork import run_processes
+from .server import PROTOCOL
 from .settings import IngestSettings
 
-__all__ = ["IngestApp", "create_app", "serve"]
+__all__ = ["IngestApp", "Request", "Response", "create_app", "serve"]
 
 log = logging.getLogger(__name__)
 
 _JSON = ("content-type", "application/json")
 _STARTUP_SECONDS = 30.0
+#: The ASGI application factory uvicorn imports in each worker process.
+ASGI_FACTORY = "stream_app.ingest.asgi:create_asgi"
+
+
+class Request(NamedTuple):
+    """One request, read whole: method, path (no query string), headers (lower-case names, repeated fields joined
+    by ``", "``), body; ``too_large`` when the body exceeded ``max_body_bytes`` (then not read)."""
+
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: bytes
+    too_large: bool = False
+
+
+class Response(NamedTuple):
+    """An answer: status, headers (the server adds ``date``, ``content-length`` and ``connection``), body."""
+
+    status: int
+    headers: Sequence[tuple[str, str]]
+    body: bytes
 
 
 def _handler_limits(s: IngestSettings) -> HandlerLimits:
@@ -136,7 +157,7 @@ class IngestApp:
 
     # ------------------------------------------------------------------ requests
     async def route(self, request: Request) -> Response:
-        """Answer one request of the HTTP server (:mod:`.http`)."""
+        """Answer one request (:mod:`.asgi` calls it)."""
         path, method = request.path, request.method
         if path == "/reports":
             if method != "POST":
@@ -154,7 +175,8 @@ class IngestApp:
         return Response(404, (_JSON,), b'{"error":"not_found"}')
 
     def http_refused(self, reason: str) -> None:
-        """A refusal by the HTTP server itself (malformed request, headers too large, too slow)."""
+        """A refusal by the HTTP server itself (:mod:`.server`: malformed request, headers too large, too slow,
+        too many connections)."""
         if self.metrics is not None:
             self.metrics.refused_total.labels(reason).inc()
 
@@ -194,7 +216,7 @@ def create_app() -> IngestApp:
 GC_YOUNG_THRESHOLD = 50_000
 
 
-def _quiet_garbage_collector() -> None:
+def quiet_garbage_collector() -> None:
     """Move what start-up built (campaigns, protocol tables, compiled kernels, clients) out of the cyclic
     garbage collector's reach (``gc.freeze``) and collect the young generation less often, so that a
     process serving thousands of requests a second does not pause to rescan them."""
@@ -204,46 +226,15 @@ def _quiet_garbage_collector() -> None:
     gc.set_threshold(GC_YOUNG_THRESHOLD, middle, old)
 
 
-def http_limits(settings: IngestSettings) -> HttpLimits:
-    """The HTTP server's limits from the ingest's settings."""
-    return HttpLimits(max_body_bytes=settings.max_body_bytes, request_seconds=settings.request_timeout,
-                      keepalive_seconds=settings.keepalive_seconds, max_connections=settings.max_connections)
-
-
-def _serve_process(index: int, ready: Callable[[], None]) -> None:
-    """One server process (forked by :func:`serve`): the ingest on this process's uvloop until SIGTERM."""
-    if _has_uvloop():
-        import uvloop
-
-        uvloop.run(_serve_until_stopped(ready))
-    else:
-        asyncio.run(_serve_until_stopped(ready))
-
-
-async def _serve_until_stopped(ready: Callable[[], None]) -> None:
-    app = create_app()
-    s = app.settings
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGTERM, stop.set)
-    await app.start()
-    server = HttpServer(app.route, http_limits(s), on_refusal=app.http_refused)
-    try:
-        await server.start(s.host, s.port)
-        _quiet_garbage_collector()
-        ready()
-        await stop.wait()
-        log.info("stopping: answering the requests in flight")
-        if not await server.stop(s.shutdown_timeout):
-            log.warning("requests still in flight after %.1f s were cut off", s.shutdown_timeout)
-    finally:
-        await app.stop()
+def configure_logging(settings: IngestSettings) -> None:
+    """The log format and level of the ingest's processes (uvicorn's worker processes call it too)."""
+    logging.basicConfig(level=settings.loglevel.upper(),
+                        format="%(asctime)s %(levelname)s ldp-ingest[%(process)d] %(name)s: %(message)s")
 
 
 def serve(settings: IngestSettings) -> int:
     """Run the ingest (module doc) until SIGTERM/SIGINT; returns the exit status."""
-    logging.basicConfig(level=settings.loglevel.upper(),
-                        format="%(asctime)s %(levelname)s ldp-ingest[%(process)d] %(name)s: %(message)s")
+    configure_logging(settings)
     IngestApp(settings, secret=DeviceSecret.from_env())  # fail here, not in every process: secret, campaigns
     os.environ.update(settings.to_env())  # the server processes read the settings back (create_app)
     own_dir = not os.environ.get(MULTIPROC_ENV)
@@ -253,14 +244,35 @@ def serve(settings: IngestSettings) -> int:
     os.environ[MULTIPROC_ENV] = str(metrics_dir)
     try:
         log.info("ldp ingest on http://%s:%d, %d process(es)", settings.host, settings.port, settings.processes)
-        return run_processes(_serve_process, settings.processes, name="ldp ingest",
-                             kill_timeout=settings.shutdown_timeout + settings.publish_timeout + 5)
+        return run_server(uvicorn_config(settings))
     finally:
         if own_dir:
             shutil.rmtree(metrics_dir, ignore_errors=True)
 
 
-def _has_uvloop() -> bool:
-    import importlib.util
+def uvicorn_config(settings: IngestSettings) -> Any:
+    """uvicorn's configuration of the ingest: httptools with :mod:`.server`'s guards, uvloop, ``processes``
+    workers, the keep-alive and graceful-stop timeouts of the settings, no access log."""
+    import uvicorn
 
-    return importlib.util.find_spec("uvloop") is not None
+    return uvicorn.Config(ASGI_FACTORY, factory=True, host=settings.host, port=settings.port, http=PROTOCOL,
+                          loop="uvloop", ws="none", lifespan="on", workers=settings.processes,
+                          timeout_keep_alive=settings.keepalive_seconds,  # type: ignore[arg-type] # a float works
+                          timeout_graceful_shutdown=settings.shutdown_timeout,  # type: ignore[arg-type]
+                          access_log=False, log_config=None, server_header=False, backlog=1024)
+
+
+def run_server(config: Any) -> int:
+    """Serve uvicorn's ``config`` until SIGTERM/SIGINT (``workers`` > 1: uvicorn's supervisor, which replaces a
+    process that dies); 1 if a process could not start (the broker or Redis unreachable, the port taken), else 0."""
+    import uvicorn
+    from uvicorn.config import STARTUP_FAILURE
+    from uvicorn.supervisors import Multiprocess
+
+    if config.workers == 1:
+        server = uvicorn.Server(config)
+        server.run()
+        return 0 if server.started else 1
+    supervisor = Multiprocess(config, sockets=[config.bind_socket()])
+    supervisor.run()
+    return 1 if any(p.exitcode == STARTUP_FAILURE for p in supervisor.processes) else 0

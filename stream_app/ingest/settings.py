@@ -24,6 +24,8 @@ so one environment serves both.
 - ``request_timeout``: ``LDP_INGEST_REQUEST_TIMEOUT``, ``--request-timeout``
 - ``keepalive_seconds``: ``LDP_INGEST_KEEPALIVE``, ``--keepalive``
 - ``max_connections``: ``LDP_INGEST_MAX_CONNECTIONS``, ``--max-connections``
+- ``max_connections_per_ip``: ``LDP_INGEST_MAX_CONNECTIONS_PER_IP``, ``--max-connections-per-ip``
+- ``first_byte_timeout``: ``LDP_INGEST_FIRST_BYTE_TIMEOUT``, ``--first-byte-timeout``
 - ``open_mode``: ``LDP_INGEST_OPEN``, ``--open`` (development only: no credential, no rate limit)
 - ``loglevel``: ``LDP_LOGLEVEL``, ``--loglevel``
 
@@ -100,6 +102,12 @@ class IngestSettings:
     max_connections: int = _setting("LDP_INGEST_MAX_CONNECTIONS", ("--max-connections",),
                                     "Open connections per process at most: a new one past it is closed at once.",
                                     int, default=10_000)
+    max_connections_per_ip: int = _setting("LDP_INGEST_MAX_CONNECTIONS_PER_IP", ("--max-connections-per-ip",),
+                                           "Open connections per process from one client address at most: a new "
+                                           "one past it is closed at once.", int, default=1_000)
+    first_byte_timeout: float = _setting("LDP_INGEST_FIRST_BYTE_TIMEOUT", ("--first-byte-timeout",),
+                                         "Close a new connection that sent no byte within this long (s).", float,
+                                         default=5.0)
     open_mode: bool = _setting("LDP_INGEST_OPEN", ("--open",), "Development only: accept reports without a "
                                "credential (no rate limit).", parse_bool, default=False)
     loglevel: str = _setting("LDP_LOGLEVEL", ("--loglevel",), "Log level.", default="warning")
@@ -116,13 +124,14 @@ class IngestSettings:
         if not 0 <= self.linger_seconds <= MAX_LINGER_SECONDS:
             raise SettingsError(f"linger_seconds must lie in [0, {MAX_LINGER_SECONDS}], got {self.linger_seconds}")
         for name in ("port", "processes", "max_batch_reports", "max_body_bytes", "max_device_reports",
-                     "max_relay_reports", "idempotency_seconds", "max_connections"):
+                     "max_relay_reports", "idempotency_seconds", "max_connections", "max_connections_per_ip"):
             if getattr(self, name) < 1:
                 raise SettingsError(f"{name} must be >= 1, got {getattr(self, name)} ({_describe(name)})")
         for name in ("max_late_seconds", "max_early_seconds"):
             if getattr(self, name) < 0:
                 raise SettingsError(f"{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("publish_timeout", "shutdown_timeout", "request_timeout", "keepalive_seconds"):
+        for name in ("publish_timeout", "shutdown_timeout", "request_timeout", "keepalive_seconds",
+                     "first_byte_timeout"):
             if not getattr(self, name) > 0:
                 raise SettingsError(f"{name} must be > 0, got {getattr(self, name)}")
 
