@@ -195,7 +195,8 @@ class StoreConnection:
         """A new connection: read the node's run id; if the node restarted, or is new to this store (a failover),
         replace there the server markers this store applied under (module doc)."""
         await conn.send_command("INFO", "server")
-        found = _RUN_ID.search(bytes(await conn.read_response()))
+        raw = await conn.read_response()
+        found = _RUN_ID.search(raw.encode() if isinstance(raw, str) else bytes(raw))
         run = found.group(1).decode() if found else ""
         node = getattr(conn, "path", "") or f"{conn.host}:{conn.port}"
         known = self._run_ids.get(node)

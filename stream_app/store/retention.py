@@ -4,7 +4,7 @@ The leader estimator raises an attribute's floor (never lowers it: ``lua/raise_f
 (``Campaign.retention_steps``) and prunes the steps below it, a bounded batch per tick, each batch in one script
 (``lua/prune.lua``: count hashes ``UNLINK``-ed, their entries in ``steps``, ``estimates``, ``finals``,
 ``closed_ts``, ``touched`` and ``pending`` removed). The apply scripts refuse a batch below the floor. Memory per
-retained step and attribute: ``docs/operations.md``, "Retention".
+retained step and attribute: the "Retention" section of the operations docs (README today).
 """
 from __future__ import annotations
 
