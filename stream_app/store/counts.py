@@ -190,8 +190,9 @@ class Counts(Positions):
         status = int(status)
         self._saw_marker(campaign, marker.decode() if isinstance(marker, bytes) else str(marker),
                          status == SERVER_CHANGED)
-        if status == STORE_RESET:
+        if status == STORE_RESET:  # the marker went with the data: the next apply takes the new one
             self._epochs.pop(campaign, None)
+            self._markers.pop(campaign, None)
         elif status not in (EXPIRED, SERVER_CHANGED, FUTURE_STEP) and position is not None and not self._one_node:
             # a cluster: the positions key is in another slot than the campaign's (a refused step records
             # nothing here: the agent rejects the message and records it then)
