@@ -182,6 +182,7 @@ class StoreConnection:
         return cls(connect(url))
 
     async def close(self) -> None:
+        """Close the client and its connections."""
         await self.redis.aclose()
 
     async def server_id(self) -> str:
