@@ -39,7 +39,7 @@ FORBIDDEN_INSIDE = {
     "stream_app.ingest": {"stream_app.app", "stream_app.windows", "stream_app.worker", "stream_app.api",
                           "stream_app.pipeline", "stream_app.recovery"},
 }
-COUNT_STORE = "stream_app/store.py"
+COUNT_STORE = "stream_app/store/"  # the count store package: the only code that speaks Redis
 DOC = ROOT / "docs" / "architecture.md"
 
 
@@ -184,7 +184,34 @@ def test_subpackage_rules(subpackage):
 
 def test_only_the_count_store_speaks_redis():
     users = sorted(str(FILES[mod].relative_to(ROOT)) for mod, names in EXTERNAL.items() if "redis" in names)
-    assert users == [COUNT_STORE]
+    assert users and all(f.startswith(COUNT_STORE) for f in users), users
+
+
+def _key_literals(path: Path) -> list[str]:
+    """String constants of ``path`` that look like a Redis key of the project (``ldp:``; topics are ``ldp.``)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr)
+                  and isinstance(node.body[0].value, ast.Constant)}
+    return [node.value for node in ast.walk(tree) if isinstance(node, ast.Constant) and isinstance(node.value, str)
+            and node.value.startswith("ldp:") and id(node) not in docstrings]
+
+
+def test_only_the_count_store_builds_redis_keys():
+    """No module outside the count store holds a Redis key literal (``"ldp:..."``, f-strings included)."""
+    bad = {str(p.relative_to(ROOT)): _key_literals(p) for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))
+           if not str(p.relative_to(ROOT)).startswith(COUNT_STORE) and _key_literals(p)}
+    assert not bad, f"Redis keys built outside {COUNT_STORE}: {bad}"
+    assert _key_literals(ROOT / COUNT_STORE / "keys.py"), "the checker finds the store's own key formats"
+
+
+def test_the_key_checker_sees_violations(tmp_path):
+    """A key built outside the store is caught, an f-string one too; topic names and docstrings are not keys."""
+    bad = tmp_path / "m.py"
+    bad.write_text('"""ldp:{c}:x in a docstring"""\nTOPIC = "ldp.reports"\nKEY = "ldp:positions:app"\n'
+                   'def f(c):\n    return f"ldp:{{{c}}}:epoch"\n')
+    assert _key_literals(bad) == ["ldp:positions:app", "ldp:{"]
 
 
 def test_architecture_doc_lists_every_package():

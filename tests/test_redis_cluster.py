@@ -160,7 +160,7 @@ async def _ledger_scenario(store: CountStore, campaigns: list[str]) -> None:
     """Rate-limit slots and idempotency records (the ingest's :class:`RequestLedger`) whose keys spread
     over every master: claims win once, lose to the holder, expire, settle and replay."""
     from stream_app.ingest.limits import RequestLedger
-    from stream_app.store import IngestClaim
+    from stream_app.store import IngestClaim, RateSlot
 
     ledger = RequestLedger(store, idempotency_seconds=60, lease_seconds=30)
     slots = [(c, 7, f"slot-{c}".encode(), 60) for c in campaigns]
@@ -177,7 +177,7 @@ async def _ledger_scenario(store: CountStore, campaigns: list[str]) -> None:
     await ledger.abort(first)  # the slots go: the same device may send again
     again = await ledger.begin(slots, None, body)
     assert again.state == "new" and again.conflicts == []
-    keys = [f"{{{c}}}:claim:{i}" for i, c in enumerate(campaigns)]
+    keys = [RateSlot(c, 9, f"claim-{i}".encode()) for i, c in enumerate(campaigns)]
     won = await store.claim_ingest_keys([IngestClaim(k, b"mine", 60) for k in keys])
     assert won == [b"mine"] * len(keys)
     lost = await store.claim_ingest_keys([IngestClaim(k, b"theirs", 60) for k in keys])

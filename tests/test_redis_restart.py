@@ -86,3 +86,58 @@ def test_an_apply_after_a_restart_that_lost_writes_waits_for_the_cursor_check(tm
         asyncio.run(run())
     finally:
         stack.down()
+
+
+def test_a_restart_is_caught_on_the_connection_that_carries_the_next_apply(tmp_path):
+    """No ``INFO`` per batch: the run id is read once per new connection. A Redis that restarts (here with all
+    its data) between two applies is caught on the next apply even though the store's pooled connection is
+    still the old one (redis-py reconnects and may retry the command on its own): the new connection sees
+    another run id and replaces the campaign's server marker before the apply runs, so the apply is refused
+    (SERVER_CHANGED) until the worker checked the cursors. Another worker's store that never applied under
+    the old marker is not disturbed; a second store that had is refused too, once."""
+    from stream_app.store import RETRYABLE_ERRORS, SERVER_CHANGED, Position
+
+    stack = LocalStack(run_dir=tmp_path / "stack")
+    info = stack.up(stop_on_exit=True)
+    at = lambda offset: Position("app", "reports", 0, offset, f"p:{offset}")  # noqa: E731
+    counts = np.array([1, 0, 2], dtype=np.int64)
+
+    async def apply(store: CountStore, batch: str, offset: int) -> int:
+        for _ in range(20):  # as the worker's retry loop does when the connection broke
+            try:
+                return await store.apply_batch("rs", "x", 0, counts, 3, batch, position=at(offset))
+            except RETRYABLE_ERRORS:
+                await asyncio.sleep(0.2)
+        raise AssertionError("the store never came back")
+
+    async def run() -> None:
+        first, second = CountStore.from_url(info.redis_url), CountStore.from_url(info.redis_url)
+        try:
+            assert await apply(first, "b0", 0) == APPLIED
+            assert await apply(second, "b1", 1) == APPLIED
+            assert await apply(first, "b2", 2) == APPLIED  # the same server: no check, no refusal
+            await asyncio.sleep(1.5)  # appendfsync everysec: everything is on disk
+            stack.restart_redis(kill=True)
+            assert await apply(first, "b3", 3) == SERVER_CHANGED
+            assert (await first.read_step("rs", "x", 0, 3))["n"] == 9  # nothing applied
+            assert await first.cursors("rs", "app", "reports") == {0: (2, "p:2")}  # the worker compares: all there
+            first.accept_server("rs")
+            assert await apply(first, "b3", 3) == APPLIED
+            assert await apply(second, "b4", 4) == SERVER_CHANGED  # it applied before the restart: checked too
+            second.accept_server("rs")
+            assert await apply(second, "b4", 4) == APPLIED
+            assert await apply(first, "b5", 5) == APPLIED  # the second's check did not refuse the first again
+            fresh = CountStore.from_url(info.redis_url)  # a worker started after the restart: nothing to check
+            try:
+                assert await apply(fresh, "b6", 6) == APPLIED
+            finally:
+                await fresh.close()
+            assert (await first.read_step("rs", "x", 0, 3))["n"] == 21
+        finally:
+            await first.close()
+            await second.close()
+
+    try:
+        asyncio.run(run())
+    finally:
+        stack.down()

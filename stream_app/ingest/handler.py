@@ -42,7 +42,7 @@ from wire.compact import decode_compact
 from wire.errors import EnvelopeError
 from wire.single_report import SingleReport, decode_report_request, decode_single_report
 
-from ..store import RETRYABLE_ERRORS, rate_slot_key
+from ..store import RETRYABLE_ERRORS, LedgerEntry, RateSlot
 from .auth import AuthError, Credential, TokenAuthority
 from .batcher import PublishError
 from .limits import RequestLedger, slot_ttl, step_window
@@ -183,7 +183,7 @@ class ReportHandler:
         if n > most:
             return self.refuse(413, "too_many_reports", f"{n} reports in one request, at most {most} are accepted")
         slots: list[tuple[str, int, bytes, int]] = []
-        slot_keys: dict[tuple[str, str, int], str] = {}  # (campaign, attribute, t) -> its rate-limit slot
+        slot_keys: dict[tuple[str, str, int], RateSlot] = {}  # (campaign, attribute, t) -> its rate-limit slot
         if cred is not None:
             seen: set[tuple[str, str, int]] = set()
             for i, (campaign, attr, t, reports) in enumerate(items):
@@ -199,7 +199,7 @@ class ReportHandler:
                 seen.add((campaign.id, attr, t))
                 slot = self.authority.rate_slot(campaign.id, t, cred.id, attr)  # type: ignore[union-attr]
                 slots.append((campaign.id, t, slot, slot_ttl(campaign, t, now, lim.max_late_seconds)))
-                slot_keys[(campaign.id, attr, t)] = rate_slot_key(campaign.id, t, slot)
+                slot_keys[(campaign.id, attr, t)] = RateSlot(campaign.id, t, slot)
         request = None
         if key is not None:
             request = (self.authority.request_id(cred.id, key) if cred is not None and self.authority is not None
@@ -239,7 +239,7 @@ class ReportHandler:
                 reply = await self._publish(items, n)
             except PublishError as exc:  # some batches are in: keep their slots, answer which
                 reply = self._partial(items, exc)
-                keep = {slot_keys[k] for k in exc.published if k in slot_keys}
+                keep: set[LedgerEntry] = {slot_keys[k] for k in exc.published if k in slot_keys}
                 if adm.record is not None:
                     keep.add(adm.record)  # the answer below becomes the key's
                 await self._settle(self.ledger.abort(adm, keep))

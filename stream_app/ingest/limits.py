@@ -26,7 +26,7 @@ from typing import Awaitable, Callable, Collection, Generic, Sequence, TypeVar
 
 from wire.campaign import Campaign, step_at
 
-from ..store import CountStore, IngestClaim, rate_slot_key, request_key
+from ..store import CountStore, IngestClaim, LedgerEntry, RateSlot, RequestRecord
 
 __all__ = ["Admission", "RequestLedger", "SLOT_MARGIN_SECONDS", "slot_ttl", "step_window"]
 
@@ -99,8 +99,8 @@ class Admission:
     state: str
     answer: tuple[int, bytes] | None = None
     conflicts: list[int] = field(default_factory=list)
-    record: str | None = None  # the idempotency record's key (None without Idempotency-Key)
-    claimed: list[str] = field(default_factory=list)  # keys this attempt holds (released by abort)
+    record: RequestRecord | None = None  # the idempotency record (None without Idempotency-Key)
+    claimed: list[LedgerEntry] = field(default_factory=list)  # what this attempt holds (released by abort)
 
 
 class RequestLedger:
@@ -113,7 +113,7 @@ class RequestLedger:
         self._claim = _Coalesced(store.claim_ingest_keys)
         self._settle = _Coalesced(self._settle_all)
 
-    async def _settle_all(self, ops: list[tuple[IngestClaim | None, str | None]]) -> list[None]:
+    async def _settle_all(self, ops: list[tuple[IngestClaim | None, LedgerEntry | None]]) -> list[None]:
         records = [r for r, _ in ops if r is not None]
         forget = [k for _, k in ops if k is not None]
         await self.store.settle_ingest_keys(records, forget)
@@ -125,13 +125,13 @@ class RequestLedger:
         (``(campaign, t, slot, ttl)`` each) in one round trip and decide (:class:`Admission`)."""
         now = time.time() if now is None else now
         attempt = secrets.token_bytes(16)  # the value of every key this attempt claims
-        record = request_key(request) if request is not None else None
+        record = RequestRecord(request) if request is not None else None
         pending = b"|".join((_PENDING, f"{now + self.lease_seconds:.3f}".encode(), body_hash.hex().encode(),
                              attempt.hex().encode()))
         claims = [IngestClaim(record, pending, self.idempotency_seconds)] if record else []
-        claims += [IngestClaim(rate_slot_key(c, t, slot), attempt, ttl) for c, t, slot, ttl in slots]
+        claims += [IngestClaim(RateSlot(c, t, slot), attempt, ttl) for c, t, slot, ttl in slots]
         held = await self._claim(claims)
-        won = [c.key for c, h in zip(claims, held) if h == c.value]
+        won = [c.entry for c, h in zip(claims, held) if h == c.value]
         if record is not None:
             state, answer = self._read_record(held[0], pending, body_hash, now)
             if state != "new":
@@ -171,7 +171,7 @@ class RequestLedger:
             value = b"|".join((_DONE, str(int(status)).encode(), body_hash.hex().encode(), body))
             await self._settle([(IngestClaim(adm.record, value, self.idempotency_seconds), None)])
 
-    async def abort(self, adm: Admission, keep: Collection[str] = ()) -> None:
+    async def abort(self, adm: Admission, keep: Collection[LedgerEntry] = ()) -> None:
         """Release what this attempt claimed but ``keep`` (the slots of reports that were published)."""
         forget = [k for k in adm.claimed if k not in keep]
         if forget:

@@ -1,0 +1,26 @@
+-- Body of the batch apply (between apply_prelude.lua and apply_epilogue.lua). ARGV[11] now, ARGV[12] n,
+-- ARGV[13] batch id, ARGV[14] where ('<partition>:<offset>'), ARGV[15] dtype ('int64' or 'float64'),
+-- ARGV[16] shape ('k' or 'r,c'), then flat index, value, flat index, value, ...
+if redis.call('HSETNX', KEYS[1], 'b:' .. ARGV[13], ARGV[14]) == 0 then
+  status = 2
+else
+  redis.call('HSETNX', KEYS[1], 'dtype', ARGV[15])
+  redis.call('HSETNX', KEYS[1], 'shape', ARGV[16])
+  if ARGV[15] == 'int64' then
+    for i = 17, #ARGV, 2 do
+      redis.call('HINCRBY', KEYS[1], 'c:' .. ARGV[i], ARGV[i + 1])
+    end
+  else
+    for i = 17, #ARGV, 2 do
+      redis.call('HINCRBYFLOAT', KEYS[1], 'c:' .. ARGV[i], ARGV[i + 1])
+    end
+  end
+  redis.call('HINCRBY', KEYS[1], 'n', ARGV[12])
+  redis.call('HSETNX', KEYS[1], 'first_ts', ARGV[11])
+  redis.call('HSET', KEYS[1], 'last_ts', ARGV[11])
+  if ARGV[3] == '1' then
+    redis.call('HSET', KEYS[1], 'wall', 1)
+  end
+  redis.call('ZADD', KEYS[4], t, ARGV[2])
+  redis.call('ZINCRBY', KEYS[5], 1, ARGV[2])
+end
