@@ -17,13 +17,13 @@ demo: $(STAMP)
 	$(BIN)/ldp demo
 
 # Test processes (default: one per core, at least 2), each with its own local stack; tests go to whichever
-# process is free, except a module's tests that share a module-scoped fixture (tests/conftest.py).
+# process is free, except a module's tests that share a module-scoped fixture (tests/conftest.py schedules).
 # Prints the 15 slowest tests and the wall time.
 TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -lt 2 ] && n=2; echo $$n)
 
 test: $(STAMP)
 	@start=$$(date +%s); \
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=15; rc=$$?; \
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadscope --durations=15; rc=$$?; \
 	echo "make test: wall time $$(( $$(date +%s) - start )) s with $(TEST_WORKERS) test processes"; exit $$rc
 
 bench: $(STAMP)

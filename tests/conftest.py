@@ -1,8 +1,38 @@
 """Shared fixtures of the test suite."""
 from __future__ import annotations
 
+import ast
+import os
+import subprocess
+import sys
+import time
+
+from pathlib import Path
+
 import numpy as np
 import pytest
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionstart(session):
+    """Compile every numba kernel into numba's on-disk cache before any test runs, once per run (in the xdist
+    controller, not in each test process): one process per CPU, each compiling its own kernel families
+    (``ldpstream_dev.kernels_warmup``). Without it every test process, worker and producer that starts before
+    the cache holds a kernel compiles it again (a fresh clone has none: about two CPU minutes in all).
+    ``LDP_SKIP_KERNEL_WARMUP=1`` skips it."""
+    if hasattr(session.config, "workerinput") or os.environ.get("LDP_SKIP_KERNEL_WARMUP") == "1":
+        return
+    from ldpstream_dev.kernels_warmup import FAMILIES
+
+    parts = max(1, min(len(FAMILIES), os.cpu_count() or 1))
+    start = time.monotonic()
+    procs = [subprocess.Popen([sys.executable, "-m", "ldpstream_dev.kernels_warmup", "--part", str(i), "--parts",
+                               str(parts)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for i in range(parts)]
+    errors = [p.communicate()[1].decode(errors="replace") for p in procs if p.wait() != 0]
+    if errors:
+        raise pytest.UsageError("compiling the numba kernels failed:\n" + "\n".join(errors))
+    print(f"numba kernels compiled or loaded from the cache in {time.monotonic() - start:.0f} s "
+          f"({parts} processes)", file=sys.stderr)
 
 
 @pytest.fixture
@@ -29,12 +59,29 @@ def local_stack(tmp_path_factory):
         stack.down()
 
 
-def pytest_collection_modifyitems(config, items):
-    """Under ``pytest -n N --dist loadgroup`` (``make test``) tests go to whichever worker process is free,
-    one by one, except the tests of a module that share a module- or class-scoped fixture (a pipeline, an
-    ingest, a built venv): those stay together on one worker, so the fixture is built once."""
-    for item in items:
-        info = getattr(item, "_fixtureinfo", None)
-        defs = info.name2fixturedefs.values() if info is not None else ()
-        if any(d[-1].scope in ("module", "class", "package") for d in defs if d):
-            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+def _modules_sharing_a_fixture(tests: Path) -> set[str]:
+    """Test modules (file stems) that define a module-, class- or package-scoped fixture."""
+    out = set()
+    for path in tests.glob("test_*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.keyword) and node.arg == "scope" and isinstance(node.value, ast.Constant) \
+                    and node.value.value in ("module", "class", "package"):
+                out.add(path.stem)
+    return out
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """Under ``pytest -n N`` (``make test``) tests go to whichever test process is free, one by one, except the
+    tests of a module that shares a module- or class-scoped fixture (a pipeline, an ingest, a built venv): those
+    stay together on one process, so the fixture is built once. (pytest-xdist's ``loadgroup`` marks cannot do it
+    on pytest 9.2, whose node ids no longer take xdist's group suffix.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    together = _modules_sharing_a_fixture(Path(__file__).parent)
+
+    class FreeProcessScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return module if Path(module).stem in together else nodeid
+
+    return FreeProcessScheduling(config, log)

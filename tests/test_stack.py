@@ -81,8 +81,9 @@ def test_without_the_dev_extra_the_binaries_ask_for_it(monkeypatch, tmp_path, ca
     with pytest.raises(SystemExit) as exit_:
         main()
     assert exit_.value.code == 2
-    out = capsys.readouterr().out
-    assert [ln for ln in out.splitlines() if ln.strip()] == [f"error: {DEV_EXTRA_HINT}"]
+    captured = capsys.readouterr()
+    assert [ln for ln in captured.err.splitlines() if ln.strip()] == [f"error: {DEV_EXTRA_HINT}"]  # stderr, one line
+    assert not captured.out.strip()
     assert not (tmp_path / "run" / STATE_FILE).exists()
 
 

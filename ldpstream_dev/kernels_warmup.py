@@ -1,0 +1,95 @@
+"""Compile the numba kernels of every protocol and solution once, into numba's on-disk cache.
+
+A fresh checkout has no compiled kernels: the first process that calls one compiles it (the UE chain kernel
+alone takes about 10 s of CPU), and every process that starts before the cache holds it compiles it again.
+The test suite (``tests/conftest.py``) runs this first, in one process per CPU, each compiling a disjoint
+family of kernels, so that the test processes, workers and producers it starts load them from the cache.
+A deployment can run it at image build time for the same reason (``python -m ldpstream_dev.kernels_warmup``).
+
+    python -m ldpstream_dev.kernels_warmup [--part I --parts N]
+"""
+from __future__ import annotations
+
+import argparse
+import time
+import warnings
+
+import numpy as np
+
+__all__ = ["FAMILIES", "warm"]
+
+#: Protocols grouped by the kernels they compile (a part compiles whole families, so two parts never compile
+#: the same kernel at the same time); the multidimensional solutions reuse them and come last.
+FAMILIES: tuple[tuple[str, ...], ...] = (
+    ("SUE", "OUE", "L-SUE", "L-OUE", "L-OSUE", "L-SOUE", "THE"),
+    ("BLH", "OLH", "LOLOHA"),
+    ("GRR", "L-GRR", "ADP", "L-ADP"),
+    ("dBitFlipPM", "SS", "SHE", "HR", "FHR"),
+)
+_OPTIONS = dict(k=20, eps=1.0, eps_inf=2.0, eps_1=1.0)
+
+
+def _protocol(name: str) -> None:
+    import estimators
+    from estimators.poisoning import count_implausible
+    from estimators.registry import parameters
+
+    takes = parameters(name)
+    opts = {k: v for k, v in {**_OPTIONS, "b": 20, "d": 1}.items() if k in takes}
+    proto = estimators.make(name, **opts)
+    values = np.arange(64, dtype=np.int64) % 20
+    for rng in (None, np.random.default_rng(0)):  # the CSPRNG path and the labelled simulation mode
+        reports = proto.randomize(values, rng, state=proto.new_state(64, rng=rng))
+        proto.support(proto.decode(proto.encode(reports)))
+        count_implausible(proto, reports)
+        proto.estimate(proto.support(reports), 64)
+
+
+def _solution(name: str) -> None:
+    import estimators
+
+    for params in (dict(ks=[2, 10, 50], eps_inf=2.0, eps_1=1.0), dict(ks=[2, 10, 50], eps=1.0)):
+        try:
+            sol = estimators.make_solution(name, **params)
+        except (TypeError, estimators.LDPError):
+            continue
+        for rng in (None, np.random.default_rng(0)):
+            out = sol.randomize(np.zeros((64, sol.d), dtype=np.int64), rng, state=sol.new_state(64, rng=rng))
+            counts, ns = sol.support(out), sol.report_counts(out)
+            for j in range(sol.d):
+                sol.estimate(j, counts[j], ns[j])
+
+
+def warm(part: int = 0, parts: int = 1) -> list[str]:
+    """Compile the kernels of the families ``part, part + parts, ...`` (all of them for one part); the solutions
+    in part 0. Returns the names warmed."""
+    from estimators.randomness import SimulationWarning
+
+    names = [n for i, family in enumerate(FAMILIES) if i % parts == part for n in family]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SimulationWarning)
+        for name in names:
+            _protocol(name)
+        if part == 0:
+            import estimators
+
+            for name in estimators.SOLUTIONS:
+                _solution(name)
+                names.append(name)
+    return names
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--part", type=int, default=0)
+    parser.add_argument("--parts", type=int, default=1)
+    args = parser.parse_args()
+    if not 0 <= args.part < args.parts:
+        parser.error("--part must be in [0, --parts)")
+    start = time.monotonic()
+    names = warm(args.part, args.parts)
+    print(f"compiled the kernels of {len(names)} protocols/solutions in {time.monotonic() - start:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
