@@ -23,8 +23,8 @@ __all__ = ["FAMILIES", "warm"]
 FAMILIES: tuple[tuple[str, ...], ...] = (
     ("SUE", "OUE", "L-SUE", "L-OUE", "L-OSUE", "L-SOUE", "THE"),
     ("BLH", "OLH", "LOLOHA"),
-    ("GRR", "L-GRR", "ADP", "L-ADP"),
     ("dBitFlipPM", "SS", "SHE", "HR", "FHR"),
+    ("GRR", "L-GRR", "ADP", "L-ADP"),
 )
 _OPTIONS = dict(k=20, eps=1.0, eps_inf=2.0, eps_1=1.0)
 

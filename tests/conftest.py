@@ -59,9 +59,14 @@ def local_stack(tmp_path_factory):
         stack.down()
 
 
+#: Modules whose tests time the pipeline with several workers each (finals within 2 s of a lease holder's
+#: SIGKILL): they run one after another on one test process, not next to each other.
+TIMED_TOGETHER = {"test_finals_faults"}
+
+
 def _modules_sharing_a_fixture(tests: Path) -> set[str]:
     """Test modules (file stems) that define a module-, class- or package-scoped fixture."""
-    out = set()
+    out = set(TIMED_TOGETHER)
     for path in tests.glob("test_*.py"):
         for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
             if isinstance(node, ast.keyword) and node.arg == "scope" and isinstance(node.value, ast.Constant) \
@@ -72,8 +77,8 @@ def _modules_sharing_a_fixture(tests: Path) -> set[str]:
 
 def pytest_xdist_make_scheduler(config, log):
     """Under ``pytest -n N`` (``make test``) tests go to whichever test process is free, one by one, except the
-    tests of a module that shares a module- or class-scoped fixture (a pipeline, an ingest, a built venv): those
-    stay together on one process, so the fixture is built once. (pytest-xdist's ``loadgroup`` marks cannot do it
+    tests of a module that shares a module- or class-scoped fixture (a pipeline, an ingest, a built venv) or is
+    in :data:`TIMED_TOGETHER`: those stay together on one process, so the fixture is built once. (pytest-xdist's ``loadgroup`` marks cannot do it
     on pytest 9.2, whose node ids no longer take xdist's group suffix.)"""
     from xdist.scheduler import LoadScopeScheduling
 
