@@ -630,18 +630,9 @@ class _Ingest:
         return self.campaign, "127.0.0.1", self.port
 
     def _wait_ready(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc is not None and self.proc.poll() is not None:
-                raise RuntimeError(f"ldp ingest exited with {self.proc.returncode}:\n{self.log_tail()}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                pass
-            time.sleep(0.2)
-        raise TimeoutError(f"ldp ingest not ready after {timeout} s:\n{self.log_tail()}")
+        from ldpstream_dev.processes import wait_http_ok
+
+        wait_http_ok(f"http://127.0.0.1:{self.port}/health", self.proc, timeout, "ldp ingest", self.log_tail, poll=0.2)
 
     def log_tail(self, lines: int = 30) -> str:
         from ldpstream_dev.processes import log_tail

@@ -14,7 +14,7 @@ import subprocess
 import time
 from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from .errors import StackError
 
@@ -154,6 +154,26 @@ def stop_child(proc: subprocess.Popen, timeout: float = 20.0) -> None:
     except subprocess.TimeoutExpired:
         signal_group(proc.pid, signal.SIGKILL)
         proc.wait()
+
+
+def wait_http_ok(url: str, proc: subprocess.Popen | None, timeout: float, what: str,
+                 log: Callable[[], str], poll: float = 0.05) -> None:
+    """Wait until ``GET url`` answers 200 (a service's readiness); ``RuntimeError`` with ``log()`` if ``proc``
+    exits first, ``TimeoutError`` with it after ``timeout`` seconds. ``what`` names the service in both."""
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode}; log:\n{log()}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(poll)
+    raise TimeoutError(f"{what} not ready after {timeout} s; log:\n{log()}")
 
 
 def log_tail(path: Path, lines: int = 25) -> str:

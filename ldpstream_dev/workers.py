@@ -30,7 +30,7 @@ from stream_app.store import read_step_sync
 from wire.campaign import Campaign
 from wire.transport import kafka_client_options
 
-from .processes import stop_child
+from .processes import log_tail, stop_child, wait_http_ok
 
 __all__ = ["IngestProcess", "WorkerProcess", "read_counts", "unique_campaign_file", "wait_for_counts"]
 
@@ -192,18 +192,7 @@ class IngestProcess:
 
     def wait_ready(self, timeout: float = 60.0) -> None:
         """Wait until ``GET /health`` answers 200."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc is not None and self.proc.poll() is not None:
-                raise RuntimeError(f"ingest exited with {self.proc.returncode}; log:\n{self.log_tail()}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as resp:
-                    if resp.status == 200:
-                        return
-            except OSError:
-                pass
-            time.sleep(0.05)
-        raise TimeoutError(f"ingest not ready after {timeout} s; log:\n{self.log_tail()}")
+        wait_http_ok(f"{self.url}/health", self.proc, timeout, "ingest", self.log_tail)
 
     def stop(self, timeout: float = 20.0) -> int | None:
         """SIGTERM to its process group and wait; returns the exit code (SIGKILL after ``timeout``)."""
@@ -215,10 +204,7 @@ class IngestProcess:
         return self.proc.returncode
 
     def log_tail(self, lines: int = 40) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
+        return log_tail(self.log_path, lines)
 
     def __enter__(self) -> "IngestProcess":
         self.start()

@@ -7,17 +7,15 @@ import os
 import re
 import shlex
 import shutil
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 import uuid
 from pathlib import Path
 
 import pytest
 
-from ldpstream_dev.processes import stop_child
+from ldpstream_dev.processes import port_is_free, stop_child, wait_http_ok
 from wire.envelope import parse
 from wire.topics import Topics
 
@@ -180,15 +178,6 @@ def _command(line: str) -> str:
     return line.split("  #", 1)[0].strip().removesuffix("&").strip()
 
 
-def _port_free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
 async def _batches(bootstrap: str, topic: str, timeout: float = 30.0) -> list:
     """Every envelope on ``topic`` (waits until there is one)."""
     from aiokafka import AIOKafkaConsumer
@@ -235,24 +224,15 @@ def test_device_example_runs_as_printed(local_stack, tmp_path):
     ingest_env = dict(env, LDP_DEVICE_SECRET_FILE=run.stdout, LDP_TOPIC_PREFIX=prefix)
 
     deadline = time.monotonic() + 60
-    while not _port_free(8080):  # the example's URL: the ingest's default port
+    while not port_is_free(8080):  # the example's URL: the ingest's default port
         assert time.monotonic() < deadline, "port 8080 stays taken by another process"
         time.sleep(1)
     log = open(tmp_path / "ingest.log", "wb")
     ingest = subprocess.Popen(shlex.split(ingest_line), cwd=work, env=ingest_env, stdout=log,
                               stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"{INGEST_URL}/health", timeout=5) as resp:
-                    if resp.status == 200:
-                        break
-            except OSError:
-                pass
-            assert ingest.poll() is None, (tmp_path / "ingest.log").read_text()
-            assert time.monotonic() < deadline, (tmp_path / "ingest.log").read_text()
-            time.sleep(0.2)
+        wait_http_ok(f"{INGEST_URL}/health", ingest, 60, "the README's ingest",
+                     lambda: (tmp_path / "ingest.log").read_text(), poll=0.2)
         device = subprocess.run([sys.executable, "-c", code], cwd=work, env=env, capture_output=True, text=True,
                                 timeout=420)
         assert device.returncode == 0, device.stderr
