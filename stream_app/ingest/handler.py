@@ -12,7 +12,7 @@ In order (the first failure answers):
 4. body size: 413 ``body_too_large`` past ``max_body_bytes`` (from ``Content-Length`` before reading, or
    while reading a chunked body);
 5. decoding, all-or-nothing: 400 with the reason of the first bad report (and ``errors``, one per bad
-   JSON object), a rejection record per bad object where the server keeps them (a ``reject`` hook);
+   JSON object);
 6. report count: 413 ``too_many_reports`` past the credential's limit (device, relay);
 7. steps (tokens only): 400 ``step_out_of_window`` for a ``t`` outside :func:`.limits.step_window`;
 8. rate limit (device tokens): one report per device per (campaign, attribute, t), 429 ``rate_limited``
@@ -54,7 +54,6 @@ log = logging.getLogger(__name__)
 
 JSON_TYPES = ("application/json", "text/json")
 Submit = Callable[[list[SingleReport]], Awaitable[int]]  # queue valid reports, return once the broker has them
-Reject = Callable[..., Awaitable[Any]]  # (reason, detail, *, source, size, extra): a rejection record
 
 
 class BodyTooLarge(Exception):
@@ -94,14 +93,13 @@ class ReportHandler:
 
     def __init__(self, campaigns: Mapping[str, Campaign], submit: Submit, metrics: IngestMetrics, *,
                  authority: TokenAuthority | None, ledger: RequestLedger | None,
-                 limits: HandlerLimits = HandlerLimits(), reject: Reject | None = None) -> None:
+                 limits: HandlerLimits = HandlerLimits()) -> None:
         self.campaigns = campaigns
         self.submit = submit
         self.metrics = metrics
         self.authority = authority
         self.ledger = ledger
         self.limits = limits
-        self.reject = reject
 
     async def handle(self, headers: Mapping[str, str], read_body: ReadBody) -> Reply:
         """Answer one request (``headers``: case-insensitive or lower-case names)."""
@@ -150,29 +148,20 @@ class ReportHandler:
             try:
                 return decode_compact(body, self.campaigns, now)
             except EnvelopeError as exc:
-                await self._reject(exc, len(body))
                 return self.refuse(400, exc.reason, exc.detail, rejected=1)
         try:
             objs = decode_report_request(body)
         except EnvelopeError as exc:
-            await self._reject(exc, len(body))
             return self.refuse(400, exc.reason, exc.detail, rejected=1)
         good, bad = [], []
         for i, obj in enumerate(objs):
             try:
                 good.append(decode_single_report(obj, self.campaigns, now))
             except EnvelopeError as exc:
-                extra = {k: obj.get(k) for k in ("campaign", "attribute", "t")} if isinstance(obj, dict) else {}
-                extra = {k: v for k, v in extra.items() if isinstance(v, (str, int)) and not isinstance(v, bool)}
-                await self._reject(exc, len(body), {**extra, "index": i})
                 bad.append({"index": i, "reason": exc.reason, "detail": exc.detail})
         if bad:
             return self.refuse(400, bad[0]["reason"], bad[0]["detail"], rejected=len(bad), errors=bad, accepted=0)
         return good
-
-    async def _reject(self, exc: EnvelopeError, size: int, extra: dict[str, Any] | None = None) -> None:
-        if self.reject is not None:
-            await self.reject(exc.reason, exc.detail, source="http", size=size, extra=extra)
 
     async def _admit(self, items: list[SingleReport], cred: Credential | None, key: str | None, body: bytes,
                      now: float) -> Reply:
