@@ -16,10 +16,11 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/ldp demo
 
-# Test processes (default: one per core, at least 2; more make the timed fault tests of several workers each flaky), each with its own local stack; tests go to whichever
-# process is free, except a module's tests that share a module-scoped fixture (tests/conftest.py schedules).
+# Test processes: two per core (at least 4). Most tests wait on services and child processes as much as they
+# compute, so two per core keep both cores busy; each process has its own local stack. The longest tests start
+# first, a module's tests that share a module-scoped fixture stay on one process (tests/conftest.py schedules).
 # Prints the 15 slowest tests and the wall time.
-TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -lt 2 ] && n=2; echo $$n)
+TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); n=$$((2 * n)); [ $$n -lt 4 ] && n=4; echo $$n)
 
 test: $(STAMP)
 	@start=$$(date +%s); \

@@ -70,6 +70,7 @@ def run_demo(campaign_path: Path, devices: int, steps: int, workers: int, batch:
     """Run the demo; returns the exit code (0 done, 130 interrupted by Ctrl-C or SIGTERM). The run directory
     (``ldp-demo-*`` in the system's temporary directory) is removed at the end unless ``keep_run_dir``."""
     campaign = Campaign.load(campaign_path)
+    _terminated.clear()
     previous = signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM cleans up like Ctrl-C
     run = Path(tempfile.mkdtemp(prefix="ldp-demo-"))
     try:
@@ -82,8 +83,19 @@ def run_demo(campaign_path: Path, devices: int, steps: int, workers: int, batch:
             shutil.rmtree(run, ignore_errors=True)
 
 
+#: Set by SIGTERM: the exception the handler raises can land in code that swallows it (a ``__del__``, a
+#: library's cleanup), so the demo's own loop checks this flag too and stops at its next refresh.
+_terminated: list[int] = []
+
+
 def _interrupt(signum: int, frame: Any) -> None:
+    _terminated.append(signum)
     raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _check_interrupted() -> None:
+    if _terminated:
+        raise KeyboardInterrupt(f"signal {_terminated[0]}")
 
 
 def _run(run: Path, campaign_path: Path, campaign: Campaign, devices: int, steps: int, workers: int, batch: int,
@@ -121,6 +133,7 @@ def _run(run: Path, campaign_path: Path, campaign: Campaign, devices: int, steps
                 sent = summary.reports_sent
                 step_end = time.perf_counter() + step_seconds
                 while time.perf_counter() < step_end or any((a, t) not in finals for a in campaign.attributes):
+                    _check_interrupted()
                     for attr in campaign.attributes:
                         hist = _get(f"{urls[0]}/estimates/{campaign.id}/{attr}/history") or {}
                         for doc in hist.get("estimates", []):
@@ -136,6 +149,7 @@ def _run(run: Path, campaign_path: Path, campaign: Campaign, devices: int, steps
 
         with Live(console=console, refresh_per_second=4, transient=False) as live:
             asyncio.run(main(live))
+        _check_interrupted()
         zmax = max(float(np.max(np.abs(np.asarray(finals[k]["frequencies"]) - truth[k])
                                 / np.sqrt(campaign.attribute(k[0]).protocol.variance_exact(truth[k], finals[k]["n"]))))
                    for k in finals)

@@ -16,15 +16,19 @@ import warnings
 
 import numpy as np
 
-__all__ = ["FAMILIES", "warm"]
+__all__ = ["FAMILIES", "partition", "warm"]
 
-#: Protocols grouped by the kernels they compile (a part compiles whole families, so two parts never compile
-#: the same kernel at the same time); the multidimensional solutions reuse them and come last.
-FAMILIES: tuple[tuple[str, ...], ...] = (
-    ("SUE", "OUE", "L-SUE", "L-OUE", "L-OSUE", "L-SOUE", "THE"),
-    ("BLH", "OLH", "LOLOHA"),
-    ("dBitFlipPM", "SS", "SHE", "HR", "FHR"),
-    ("GRR", "L-GRR", "ADP", "L-ADP"),
+#: Protocols grouped by the kernels they compile, with the CPU seconds a cold compile of the group took
+#: (2026-11-26, the 2-core machine: ``docs/benchmarks.md``). A part compiles whole groups, so two parts never
+#: compile the same kernel at the same time; the parts are balanced on these weights (longest first). The
+#: multidimensional solutions reuse the protocols' kernels and come last, in part 0.
+FAMILIES: tuple[tuple[float, tuple[str, ...]], ...] = (
+    (31.0, ("SUE", "OUE", "L-SUE", "L-OUE", "L-OSUE", "L-SOUE", "THE")),
+    (12.5, ("SHE",)),
+    (10.7, ("BLH", "OLH", "LOLOHA")),
+    (9.1, ("dBitFlipPM", "SS")),
+    (6.2, ("HR", "FHR")),
+    (1.8, ("GRR", "L-GRR", "ADP", "L-ADP")),
 )
 _OPTIONS = dict(k=20, eps=1.0, eps_inf=2.0, eps_1=1.0)
 
@@ -60,12 +64,23 @@ def _solution(name: str) -> None:
                 sol.estimate(j, counts[j], ns[j])
 
 
+def partition(parts: int) -> list[list[str]]:
+    """The protocols of each of ``parts`` parts: the groups of :data:`FAMILIES`, longest first, each to the part
+    with the least weight so far."""
+    load, out = [0.0] * parts, [[] for _ in range(parts)]
+    for seconds, family in sorted(FAMILIES, key=lambda f: -f[0]):
+        lightest = load.index(min(load))
+        load[lightest] += seconds
+        out[lightest].extend(family)
+    return out
+
+
 def warm(part: int = 0, parts: int = 1) -> list[str]:
-    """Compile the kernels of the families ``part, part + parts, ...`` (all of them for one part); the solutions
-    in part 0. Returns the names warmed."""
+    """Compile the kernels of part ``part`` of :func:`partition` (all of them for one part); the solutions in
+    part 0. Returns the names warmed."""
     from estimators.randomness import SimulationWarning
 
-    names = [n for i, family in enumerate(FAMILIES) if i % parts == part for n in family]
+    names = partition(parts)[part]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", SimulationWarning)
         for name in names:

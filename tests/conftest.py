@@ -75,18 +75,81 @@ def _modules_sharing_a_fixture(tests: Path) -> set[str]:
     return out
 
 
+#: Scopes (a module, or a test id; a prefix matches) that start first, longest first, as measured with
+#: ``--durations`` (docs/benchmarks.md): the longest tests must not be the last to start, or the run ends with
+#: one test process working and the others idle. A test not listed starts after these, in collection order.
+RUN_FIRST = (
+    "tests/test_finals_faults.py",
+    "tests/test_outages.py",
+    "tests/test_fleet_resume.py::test_private_fleet_sigkilled_at_20_points_counts_exact",
+    "tests/test_soak.py::test_half_minute_soak_with_every_fault_counts_exactly",
+    "tests/test_fuzz.py",
+    "tests/test_experiments.py",
+    "tests/test_install.py",
+    "tests/test_scaleout.py::test_workers_joining_one_by_one_all_own_partitions_and_count_exactly",
+    "tests/test_observability.py",
+    "tests/test_bench_ingest.py::test_bench_ingest_smoke",
+    "tests/test_pipeline.py::test_exactly_once_after_sigkill",
+    "tests/test_secured.py",
+    "tests/test_worker.py",
+    "tests/test_sdk_groups.py::test_group_reports_through_http_ingest",
+    "tests/test_bad_input.py::test_device_sdk_reports_through_http_ingest",
+    "tests/test_redis_cluster.py",
+    "tests/test_soak.py::test_soak_stops_everything_on_sigterm",
+    "tests/test_store_loss.py",
+    "tests/test_ingest_service.py",
+    "tests/test_demo.py",
+    "tests/test_audit.py::test_chunks_respect_the_memory_budget",
+    "tests/test_bench_ingest.py",
+    "tests/test_bench_solutions.py",
+    "tests/test_multidim_pipeline.py",
+    "tests/test_accuracy.py",
+    "tests/test_bad_input.py",
+    "tests/test_pipeline.py",
+    "tests/test_exactly_once.py",
+    "tests/test_subset_histogram.py",
+    "tests/test_multidim.py",
+)
+
+
+def _start_rank(scope: str) -> int:
+    """Where ``scope`` starts: its first matching entry of :data:`RUN_FIRST`, else after all of them."""
+    return next((i for i, entry in enumerate(RUN_FIRST) if scope.startswith(entry)), len(RUN_FIRST))
+
+
 def pytest_xdist_make_scheduler(config, log):
     """Under ``pytest -n N`` (``make test``) tests go to whichever test process is free, one by one, except the
     tests of a module that shares a module- or class-scoped fixture (a pipeline, an ingest, a built venv) or is
-    in :data:`TIMED_TOGETHER`: those stay together on one process, so the fixture is built once. (pytest-xdist's ``loadgroup`` marks cannot do it
-    on pytest 9.2, whose node ids no longer take xdist's group suffix.)"""
+    in :data:`TIMED_TOGETHER`: those stay together on one process, so the fixture is built once. (pytest-xdist's
+    ``loadgroup`` marks cannot do it on pytest 9.2, whose node ids no longer take xdist's group suffix.) The
+    longest scopes start first (:data:`RUN_FIRST`), and a process is given its next scope only when it starts
+    its last one, so that no long test waits in the queue of a busy process while another process is idle."""
     from xdist.scheduler import LoadScopeScheduling
 
     together = _modules_sharing_a_fixture(Path(__file__).parent)
 
     class FreeProcessScheduling(LoadScopeScheduling):
+        _ordered = False
+
         def _split_scope(self, nodeid: str) -> str:
             module = nodeid.split("::", 1)[0]
             return module if Path(module).stem in together else nodeid
+
+        def _assign_work_unit(self, node) -> None:
+            if not self._ordered:  # once, when the whole collection is in the queue
+                self._ordered = True
+                order = sorted(self.workqueue.items(), key=lambda unit: _start_rank(unit[0]))  # stable
+                self.workqueue.clear()
+                self.workqueue.update(order)
+            super()._assign_work_unit(node)
+
+        def _reschedule(self, node) -> None:
+            if node.shutting_down:
+                return
+            if not self.workqueue:
+                node.shutdown()
+                return
+            if self._pending_of(self.assigned_work[node]) <= 1:  # the one it runs: give it the one after
+                self._assign_work_unit(node)
 
     return FreeProcessScheduling(config, log)

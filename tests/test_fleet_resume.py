@@ -323,9 +323,10 @@ def test_private_fleet_sigkilled_at_20_points_counts_exact(local_stack, tmp_path
     The 20 runs are children of a multiprocessing forkserver that imported the CLI once (``fleet_children``: a
     fresh interpreter spends about 2 s starting): each runs the ``ldp produce`` command in-process with its
     arguments. The batch-size refusal runs ``python -m ldpstream_cli produce`` itself. Kill ``i`` waits until the run holds the state
-    directory and step ``i * (STEPS - 2) // 20`` is drawn (fleet.json points to it) or passed, then a seeded
-    random part of a step's sending time (up to 1.2 steps: some kills land in a commit or the next draw)."""
-    steps, devices, batch, rate = 10, 2_000, 250, 40_000.0  # 8,000 reports a step: 0.2 s each at that rate
+    directory and a step at or after ``i * (STEPS - 2) // 20`` is drawn (fleet.json points to it, pending), then a
+    seeded random part of a step's sending time (a kill may still land in a commit or the next draw: the test
+    process is not scheduled at once on a busy machine)."""
+    steps, devices, batch, rate = 10, 2_000, 250, 20_000.0  # 8,000 reports a step: 0.4 s each at that rate
     cfile = unique_campaign_file(DEMO, tmp_path)
     campaign = Campaign.load(cfile)
     app_id = f"fr-{uuid.uuid4().hex[:6]}"
@@ -378,8 +379,7 @@ def test_private_fleet_sigkilled_at_20_points_counts_exact(local_stack, tmp_path
             slow = i == 5  # the run a second producer meets: slow enough to be running then
             proc = start(rate_=rate / 20 if slow else rate)
             deadline = time.monotonic() + 30
-            while not (holder() == proc.pid and (slow or ((m := meta()).get("pending") and m["next_step"] == target)
-                                                 or committed() > target)):
+            while not (holder() == proc.pid and (slow or ((m := meta()).get("pending") and m["next_step"] >= target))):
                 assert proc.is_alive(), f"ldp produce exited {proc.exitcode}: {log.read_text()[-3000:]}"
                 assert time.monotonic() < deadline, f"step {target} never drawn: {log.read_text()[-3000:]}"
                 time.sleep(0.005)
@@ -388,7 +388,7 @@ def test_private_fleet_sigkilled_at_20_points_counts_exact(local_stack, tmp_path
                 second = start(to=tmp_path / "second.log")
                 second.join(30)
                 second_producer = (second.exitcode, (tmp_path / "second.log").read_text())
-            time.sleep(rng.uniform(0.0, 1.2 * 8_000 / rate))
+            time.sleep(rng.uniform(0.0, 8_000 / rate))
             assert proc.is_alive(), f"ldp produce ended before kill {i + 1}: {log.read_text()[-3000:]}"
             proc.kill()
             proc.join()
