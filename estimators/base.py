@@ -121,7 +121,7 @@ class FrequencyProtocol(ABC):
             raise LDPError(f"values must be a 1-d array, got shape {v.shape}")
         if v.size and not np.issubdtype(v.dtype, np.integer):
             raise LDPError(f"values must be integers, got dtype {v.dtype}")
-        v = v.astype(np.int64, copy=False)
+        v = np.ascontiguousarray(v, dtype=np.int64)  # one kernel signature (a column slice is strided)
         if v.size and (v.min() < 0 or v.max() >= self.k):
             bad = v[(v < 0) | (v >= self.k)][0]
             raise LDPError(f"value {bad} is outside the domain [0, {self.k})")
