@@ -31,6 +31,11 @@ FAMILIES: tuple[tuple[float, tuple[str, ...]], ...] = (
     (3.1, ("GRR", "L-GRR", "ADP", "L-ADP")),
 )
 
+#: The parameter sets each protocol is compiled for: a small domain (8-bit reports) and a wide one with a small
+#: ε (16-bit reports, SHE's 16-bit noise), the report types of the campaigns the tests and the demo run.
+_OPTION_SETS = (dict(k=20, eps=1.0, eps_inf=2.0, eps_1=1.0, b=20, d=1),
+                dict(k=300, eps=0.5, eps_inf=1.0, eps_1=0.5, b=300, d=1))
+
 
 def _protocol(name: str) -> None:
     import estimators
