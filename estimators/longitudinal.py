@@ -110,9 +110,21 @@ def _solve(name: str, eps_of: Callable[[float], float], lo: float, hi: float, ep
         raise InfeasibleParameters(
             f"{name} cannot reach ε1 = {eps1:g} with ε∞ = {eps_inf:g}: its IRR round caps a "
             f"single report at ε1 < {top:.6g} ({top / eps_inf:.3f} ε∞)")
-    from scipy.optimize import brentq  # scipy loads on first use, not with every worker or device
-
-    return float(brentq(lambda t: eps_of(t) - eps1, lo, hi, xtol=1e-15, rtol=4 * np.finfo(float).eps, maxiter=500))
+    # Bisection to adjacent floats (at most ~1,100 halvings; about 60 from a unit interval), not scipy's brentq:
+    # every worker, device and CLI process solves its campaign's rounds at start, and importing scipy.optimize
+    # costs it more CPU than the rest of its start. tests/test_framework.py checks the root against brentq.
+    f_lo = eps_of(lo) - eps1
+    while True:
+        mid = 0.5 * (lo + hi)
+        if not lo < mid < hi:
+            return hi if abs(eps_of(hi) - eps1) < abs(f_lo) else lo
+        f_mid = eps_of(mid) - eps1
+        if f_mid == 0.0:
+            return mid
+        if (f_mid < 0.0) == (f_lo < 0.0):
+            lo, f_lo = mid, f_mid
+        else:
+            hi = mid
 
 
 def grr_chain_p2(p1: float, q1: float, m: int, eps1: float, eps_inf: float,

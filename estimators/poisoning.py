@@ -77,6 +77,8 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass, field
+from math import lgamma, log, log1p
+from statistics import NormalDist
 from typing import Literal
 
 import numba as nb
@@ -273,14 +275,30 @@ def frequency_gain(after: np.ndarray, before: np.ndarray, targets: np.ndarray) -
 
 
 # ====================================================================== defense 1: plausible report sizes
+def binomial_pmf(n: int, p: float) -> np.ndarray:
+    """pmf ``(n + 1,)`` of ``Bin(n, p)``, in log space with exact log-factorials (``math.lgamma``).
+
+    The standard library's, not ``scipy.stats.binom``: every worker computes it at start (the plausibility
+    check of each unary attribute), and importing ``scipy.stats`` costs a worker more CPU than the rest of its
+    start; ``tests/test_poisoning.py`` compares the two."""
+    if not 0.0 <= p <= 1.0 or n < 0:
+        raise LDPError(f"Bin(n={n}, p={p}) is not a distribution")
+    out = np.zeros(n + 1)
+    if p in (0.0, 1.0):
+        out[0 if p == 0.0 else n] = 1.0
+        return out
+    i = np.arange(n + 1)
+    log_fact = np.array([lgamma(j + 1.0) for j in range(n + 1)])
+    return np.exp(log_fact[n] - log_fact - log_fact[::-1] + i * log(p) + (n - i) * log1p(-p))
+
+
 def support_size_law(proto: FrequencyProtocol) -> np.ndarray:
     """pmf ``(k + 1,)`` of the number of set bits of an honest unary report:
     ``Bern(ps) + Bin(k − 1, qs)`` (its bits are independent, module doc)."""
-    from scipy import stats  # scipy loads on first use, not with every worker
     if _family(proto) != "unary":
         raise LDPError(f"{proto.name}: the size law is that of unary reports")
     ps, qs = honest_law(proto)
-    b = stats.binom.pmf(np.arange(proto.k), proto.k - 1, qs)
+    b = binomial_pmf(proto.k - 1, qs)
     out = np.zeros(proto.k + 1)
     out[:-1] += (1 - ps) * b
     out[1:] += ps * b
@@ -321,7 +339,6 @@ def plausibility_check(proto: FrequencyProtocol, alpha: float = DEFAULT_ALPHA) -
     """The two-sided exact-tail check of a unary protocol at false-rejection rate ``alpha``:
     ``lo`` the largest size with ``P(size < lo) ≤ α/2``, ``hi`` the smallest with
     ``P(size > hi) ≤ α/2`` (cached per protocol fingerprint)."""
-    from scipy import stats  # scipy loads on first use, not with every worker
     if _family(proto) != "unary":
         raise LDPError(f"{proto.name}: the plausibility check applies to unary reports only")
     if not 0.0 < alpha < 1.0:
@@ -337,8 +354,8 @@ def plausibility_check(proto: FrequencyProtocol, alpha: float = DEFAULT_ALPHA) -
     lo = int(np.flatnonzero(below <= alpha / 2).max())
     hi = int(np.flatnonzero(above <= alpha / 2).min())
     kappa = _interval_prob(pmf, lo, hi)
-    b1 = stats.binom.pmf(np.arange(k), k - 1, qs)             # the other k-1 bits
-    b2 = stats.binom.pmf(np.arange(k - 1), k - 2, qs)          # the k-2 bits besides i and the value
+    b1 = binomial_pmf(k - 1, qs)                               # the other k-1 bits
+    b2 = binomial_pmf(k - 2, qs)                               # the k-2 bits besides i and the value
     a1 = _interval_prob(b1, lo - 1, hi - 1)                    # bit i set, i the value
     a0 = (1 - ps) * _interval_prob(b2, lo - 1, hi - 1) + ps * _interval_prob(b2, lo - 2, hi - 2)
     chk = PlausibilityCheck(k, lo, hi, float(alpha), 1.0 - kappa, ps * a1 / kappa, qs * a0 / kappa)
@@ -429,8 +446,7 @@ class ItemsetDetection:
 
 
 def _z_one_sided(alpha: float, tests: int) -> float:
-    from scipy import stats  # scipy loads on first use, not with every worker
-    return float(stats.norm.isf(alpha / max(tests, 1)))
+    return -NormalDist().inv_cdf(alpha / max(tests, 1))
 
 
 def _best_pair(z: np.ndarray, alpha: float) -> tuple[int, int, float] | None:
@@ -636,8 +652,7 @@ def detection_score(proto: FrequencyProtocol, counts: np.ndarray, n: int) -> flo
 
 def detection_threshold(alpha: float = DEFAULT_ALPHA) -> float:
     """``|z|`` above which :func:`detection_score` flags a step (two-sided normal tail ``alpha``)."""
-    from scipy import stats  # scipy loads on first use, not with every worker
-    return float(stats.norm.isf(alpha / 2))
+    return -NormalDist().inv_cdf(alpha / 2)
 
 
 # ====================================================================== all defenses of a protocol

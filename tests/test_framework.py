@@ -309,3 +309,20 @@ def test_bit_probability_is_exactly_the_threshold(p: float) -> None:
     rate = np.unpackbits(bits, axis=1, bitorder="little")[:, :k].mean()
     sd = np.sqrt(p * (1 - p) / (n * k))
     assert abs(rate - p) <= 4 * sd + 1e-12
+
+
+@pytest.mark.parametrize(("eps_inf", "eps_1"), [(2.0, 1.0), (4.0, 0.5), (1.0, 0.05), (8.0, 7.9), (0.5, 1e-4)])
+def test_round_solver_matches_scipy_brentq(eps_inf, eps_1):
+    """The IRR rounds of the UE chains are solved by bisection (no scipy import at a worker's start): the root
+    agrees with scipy's brentq to its own tolerance, and ε1 of the solved chain is the one asked for."""
+    from scipy.optimize import brentq
+
+    from estimators.longitudinal import _solve
+    from estimators.unary import sue_probabilities
+
+    p1, q1 = sue_probabilities(eps_inf)
+    eps_of = lambda p: ue_chain_eps_first(Rounds(p1, q1, p, 1 - p))  # noqa: E731 - the L-SUE IRR round
+    ours = _solve("L-SUE", eps_of, 0.5, 1.0 - 1e-15, eps_1, eps_inf)
+    ref = brentq(lambda p: eps_of(p) - eps_1, 0.5, 1.0 - 1e-15, xtol=1e-15, rtol=4 * np.finfo(float).eps)
+    assert ours == pytest.approx(ref, abs=2e-15)
+    assert eps_of(ours) == pytest.approx(eps_1, rel=1e-12)

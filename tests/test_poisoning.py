@@ -287,3 +287,22 @@ def test_the_estimate_document_carries_the_step_score(rng):
     doc = build_estimate(c, g, 0, {"n": 3, "counts": np.array([1, 2] + [0] * (K - 2))}, 1, final=True,
                          trigger="watermark", now=0.0)
     assert doc["poisoning_score"] is None
+
+
+@pytest.mark.parametrize(("n", "p"), [(0, 0.3), (1, 0.3), (19, 0.2689), (299, 0.01), (4095, 0.4), (20000, 1e-3),
+                                      (7, 0.0), (7, 1.0)])
+def test_binomial_pmf_matches_scipy(n, p):
+    """The plausibility check's binomial law (computed without scipy at a worker's start) is scipy's."""
+    from scipy import stats
+
+    ours, ref = P.binomial_pmf(n, p), stats.binom.pmf(np.arange(n + 1), n, p)
+    assert ours.shape == (n + 1,)
+    np.testing.assert_allclose(ours, ref, rtol=1e-9, atol=1e-15)
+    assert ours.sum() == pytest.approx(1.0, abs=1e-12)
+
+
+def test_normal_quantiles_match_scipy():
+    from scipy import stats
+
+    for alpha in (0.05, 1e-3, 1e-9):
+        assert P.detection_threshold(alpha) == pytest.approx(float(stats.norm.isf(alpha / 2)), rel=1e-12)

@@ -2,8 +2,8 @@
 
 The end-to-end test runs the real command (local stack, worker processes, `ldp produce` child) for half a
 minute with at least one fault of each kind (the soak injects the whole rotation even past its window) and
-checks its JSON report; the comparison itself is checked on hand-made data (a double count, a loss, a missing or wrong final must each fail the verdict); a
-SIGTERM must leave no process behind.
+checks its JSON report; the comparison itself is checked on hand-made data (a double count, a loss, a missing
+or wrong final must each fail the verdict); a SIGTERM must leave no process behind.
 """
 from __future__ import annotations
 
