@@ -12,6 +12,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+# The suite runs more numba processes than cores (two test processes per core, each starting workers and
+# producers): OpenMP threads that spin while they wait for a descheduled sibling burned several times the CPU
+# of the work itself (test_multidim: 85 CPU s spinning vs 23 s sleeping, with 4 processes on 2 cores). Set
+# before any process here loads libgomp; children inherit it. docs/operations.md says the same to operators.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_sessionstart(session):
