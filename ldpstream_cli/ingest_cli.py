@@ -46,6 +46,10 @@ def ingest(campaign_paths: Annotated[Optional[list[Path]], _option("campaign_pat
            max_connections: Annotated[Optional[int], _option("max_connections")] = None,
            max_connections_per_ip: Annotated[Optional[int], _option("max_connections_per_ip")] = None,
            first_byte_timeout: Annotated[Optional[float], _option("first_byte_timeout")] = None,
+           device_requests_per_second: Annotated[Optional[float], _option("device_requests_per_second")] = None,
+           relay_requests_per_second: Annotated[Optional[float], _option("relay_requests_per_second")] = None,
+           relay_reports_per_second: Annotated[Optional[float], _option("relay_reports_per_second")] = None,
+           revocation_refresh_seconds: Annotated[Optional[float], _option("revocation_refresh_seconds")] = None,
            open_mode: Annotated[Optional[bool], _option("open_mode")] = None,
            loglevel: Annotated[Optional[str], _option("loglevel")] = None) -> None:
     """Run the HTTP ingest: POST /reports (device tokens, rate limits, idempotency keys) -> ldp.reports.
@@ -76,13 +80,9 @@ def _env(name: str) -> str | None:
     return os.environ.get(ingest_setting_specs()[name]["env"]) or None
 
 
-@tokens_app.command("issue")
-def tokens_issue(count: Annotated[int, typer.Option("--count", "-n", help="Tokens to print, one per line.")] = 1,
-                 days: Annotated[float, typer.Option(help="Validity (days).")] = 365.0,
-                 relay: Annotated[bool, typer.Option(help="Relay tokens (a trusted gateway or load generator: "
-                                                          "large batches, no per-device rate limit).")] = False) -> None:
-    """Print new device tokens (each with a random 128-bit device id), signed with the server secret."""
-    from stream_app.ingest.auth import DEVICE, RELAY, DeviceSecret, SecretError, TokenAuthority
+def _authority() -> Any:
+    """The token authority of the server secret in the environment (the command fails without one)."""
+    from stream_app.ingest.auth import DeviceSecret, SecretError, TokenAuthority
 
     try:
         secret = DeviceSecret.from_env()
@@ -91,11 +91,90 @@ def tokens_issue(count: Annotated[int, typer.Option("--count", "-n", help="Token
     if secret is None:
         fail(ValueError("no server secret: set LDP_DEVICE_SECRET or LDP_DEVICE_SECRET_FILE "
                          "(`ldp tokens new-secret` makes one)"))
+    return TokenAuthority(secret)  # type: ignore[arg-type]
+
+
+@tokens_app.command("issue")
+def tokens_issue(count: Annotated[int, typer.Option("--count", "-n", help="Tokens to print, one per line.")] = 1,
+                 days: Annotated[Optional[float], typer.Option(help="Validity (days). Default: 365 for device "
+                                                                    "tokens, 1 for relay tokens.")] = None,
+                 campaign: Annotated[Optional[str], typer.Option(help="The campaign id the tokens are for (a "
+                                                                      "report of another is refused); without it "
+                                                                      "they are valid for every campaign.")] = None,
+                 relay: Annotated[bool, typer.Option(help="Relay tokens (a trusted gateway or load generator: "
+                                                          "large batches, no per-device rate limit).")] = False) -> None:
+    """Print new device tokens (each with a random 128-bit device id), signed with the server secret."""
+    from stream_app.ingest.auth import DEVICE, RELAY
+
+    authority = _authority()
+    days = (1.0 if relay else 365.0) if days is None else days
     if count < 1 or not days > 0:
         fail(ValueError("--count must be >= 1 and --days > 0"))
-    authority = TokenAuthority(secret)  # type: ignore[arg-type]
     kind = RELAY if relay else DEVICE
-    print("\n".join(authority.issue(days * 86400.0, kind=kind) for _ in range(count)))
+    print("\n".join(authority.issue(days * 86400.0, kind=kind, campaign=campaign) for _ in range(count)))
+
+
+@tokens_app.command("revoke")
+def tokens_revoke(tokens: Annotated[list[str], typer.Argument(help="Tokens (ldp1....) or token ids (32 hex "
+                                                                   "digits, `ldp tokens id`) to revoke.")],
+                  redis_url: Annotated[Optional[str], typer.Option("--redis", help="Redis URL of the ingest. "
+                                                                   "Environment: LDP_REDIS_URL; default: the "
+                                                                   "local stack's.")] = None,
+                  days: Annotated[float, typer.Option(help="For a token id: how long (days) to keep it revoked "
+                                                           "(a token: until it expires).")] = 366.0) -> None:
+    """Revoke tokens: every ingest process refuses them (401 revoked_token) within --revocation-refresh."""
+    import asyncio
+    import os
+    import time
+
+    from stream_app.ingest.auth import AuthError
+    from stream_app.store import CountStore
+
+    authority = _authority()
+    entries = []
+    for text in tokens:
+        if text.startswith("ldp1."):
+            try:
+                cred = authority.verify(text, now=0.0)  # an expired token is still named (nothing to refuse)
+            except AuthError as exc:
+                fail(ValueError(f"not a token of this secret: {exc.detail}"))
+            entries.append((cred.id, float(cred.expires)))
+        else:
+            try:
+                ident = bytes.fromhex(text)
+            except ValueError:
+                ident = b""
+            if len(ident) != 16:
+                fail(ValueError(f"{text!r} is neither a token nor a token id (32 hex digits)"))
+            entries.append((ident, time.time() + days * 86400.0))
+    url = redis_url or os.environ.get("LDP_REDIS_URL") or stack_addresses("unused", None)[1]
+
+    async def revoke() -> None:
+        store = CountStore.from_url(url)
+        try:
+            for ident, until in entries:
+                await store.revoke_token(authority.revocation_id(ident), until)
+        finally:
+            await store.close()
+
+    asyncio.run(revoke())
+    print(f"revoked {len(entries)} token(s)")
+
+
+@tokens_app.command("id")
+def tokens_id(token: Annotated[str, typer.Argument(help="A token (ldp1....).")]) -> None:
+    """Print a token's id (32 hex digits), its kind and expiry: what `ldp tokens revoke` takes, to keep on
+    record instead of the token itself."""
+    import datetime
+
+    from stream_app.ingest.auth import KINDS, AuthError
+
+    try:
+        cred = _authority().verify(token, now=0.0)
+    except AuthError as exc:
+        fail(ValueError(f"not a token of this secret: {exc.detail}"))
+    when = datetime.datetime.fromtimestamp(cred.expires, datetime.timezone.utc).isoformat()
+    print(f"{cred.id.hex()} {KINDS[cred.kind]} expires {when}")
 
 
 @tokens_app.command("new-secret")

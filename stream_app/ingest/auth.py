@@ -8,20 +8,24 @@ privately verifiable tokens (the issuer, attester, token challenges and the doub
 all be ours to write). None is a maintained Privacy Pass implementation, so the ingest uses HMAC tokens
 (below); the server's view of them is stated in :mod:`stream_app.ingest` (what it can and cannot link).
 
-Token (text: ``"ldp1."`` + unpadded base64url of 54 bytes)::
+Token (text: ``"ldp1."`` + unpadded base64url of 62 bytes)::
 
-    version u8 (1) | kind u8 (0 device, 1 relay) | expires u32 (unix seconds, big-endian)
-    | id 16 bytes (random 128-bit device or relay id) | tag 32 bytes
+    version u8 (2) | kind u8 (0 device, 1 relay) | expires u32 (unix seconds, big-endian)
+    | id 16 bytes (random 128-bit device or relay id) | scope 8 bytes | tag 32 bytes
 
-``tag = HMAC-SHA256(k_token, the 22 bytes before it)``, compared in constant time
+``scope`` is the first 8 bytes of SHA-256 of the campaign id the token is for (:func:`campaign_scope`; all
+zeros: every campaign, for tokens issued without a campaign): a report of another campaign is refused (403
+``wrong_campaign``). Version 1 tokens (54 bytes, no scope) are no longer accepted.
+``tag = HMAC-SHA256(k_token, the 30 bytes before it)``, compared in constant time
 (:func:`hmac.compare_digest`). A *device* token is one device's credential: its reports are rate-limited
 per device. A *relay* token is a trusted server's (a gateway that authenticated and rate-limited its own
 devices, or the load generator): it may send large batches and gets no per-report slots.
 
 Keys: the 256-bit server secret (:class:`DeviceSecret`: ``LDP_DEVICE_SECRET``, 64 hex digits, or
 ``LDP_DEVICE_SECRET_FILE``, a file holding them; never an option, never in a ``repr`` or a log line) is
-only used to derive three independent keys, ``k_x = HMAC-SHA256(secret, "ldp-stream <x> v1")``: the token
-key, the rate key and the idempotency key. The rate-limit slot of a report is
+only used to derive independent keys, ``k_x = HMAC-SHA256(secret, "ldp-stream <x> v1")``: the token
+key, the rate key, the idempotency key and the revocation key (a revoked token is named in Redis by
+``HMAC-SHA256(k_revocation, id)`` truncated to 128 bits: :meth:`TokenAuthority.revocation_id`). The rate-limit slot of a report is
 ``HMAC-SHA256(HMAC-SHA256(k_rate, "rate|<campaign>|<t>"), device_id || attribute)`` truncated to 128 bits:
 a key per (campaign, step) (rotating every step) applied to the device id and the attribute, so that two
 slots (two steps, or two attributes of one step) cannot be linked to each other or to a device without the
@@ -42,15 +46,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, Mapping
 
-__all__ = ["DEVICE", "RELAY", "SECRET_ENV", "TOKEN_PREFIX", "AuthError", "Credential", "DeviceSecret",
-           "ExpiredToken", "ForgedToken", "MalformedToken", "MissingToken", "SecretError", "TokenAuthority"]
+__all__ = ["ANY_CAMPAIGN", "DEVICE", "RELAY", "SECRET_ENV", "TOKEN_PREFIX", "AuthError", "Credential", "DeviceSecret",
+           "ExpiredToken", "ForgedToken", "MalformedToken", "MissingToken", "RevokedToken", "SecretError",
+           "TokenAuthority", "campaign_scope"]
 
 TOKEN_PREFIX = "ldp1."
-TOKEN_VERSION = 1
+TOKEN_VERSION = 2
 DEVICE, RELAY = 0, 1
 KINDS = {DEVICE: "device", RELAY: "relay"}
 SECRET_ENV = "LDP_DEVICE_SECRET"  # and LDP_DEVICE_SECRET_FILE
-_HEAD = struct.Struct(">BBI16s")  # version, kind, expires, id
+ANY_CAMPAIGN = bytes(8)  # the scope of a token valid for every campaign
+_HEAD = struct.Struct(">BBI16s8s")  # version, kind, expires, id, scope
 _TAG = 32
 _TOKEN_BYTES = _HEAD.size + _TAG
 _MAX_TOKEN_CHARS = 200
@@ -85,6 +91,15 @@ class ForgedToken(AuthError):
 
 class ExpiredToken(AuthError):
     reason = "expired_token"
+
+
+class RevokedToken(AuthError):
+    reason = "revoked_token"
+
+
+def campaign_scope(campaign: str | None) -> bytes:
+    """The 8-byte scope of a token for ``campaign`` (:data:`ANY_CAMPAIGN` for ``None``)."""
+    return ANY_CAMPAIGN if campaign is None else hashlib.sha256(campaign.encode()).digest()[:8]
 
 
 class DeviceSecret:
@@ -141,15 +156,21 @@ class DeviceSecret:
 
 @dataclass(frozen=True)
 class Credential:
-    """A verified token: its kind (:data:`DEVICE` or :data:`RELAY`), 128-bit id and expiry (unix seconds)."""
+    """A verified token: its kind (:data:`DEVICE` or :data:`RELAY`), 128-bit id, expiry (unix seconds) and
+    campaign scope (:func:`campaign_scope`)."""
 
     kind: int
     id: bytes
     expires: int
+    scope: bytes = ANY_CAMPAIGN
 
     @property
     def relay(self) -> bool:
         return self.kind == RELAY
+
+    def allows(self, campaign: str) -> bool:
+        """Whether the token may report for ``campaign``."""
+        return self.scope == ANY_CAMPAIGN or self.scope == campaign_scope(campaign)
 
     def __repr__(self) -> str:  # the id links a device's requests: keep it out of logs
         return f"Credential({KINDS[self.kind]}, expires={self.expires})"
@@ -162,12 +183,14 @@ class TokenAuthority:
         self._mac_token = _Mac(secret.derive("token"))
         self._mac_rate = _Mac(secret.derive("rate"))
         self._mac_idem = _Mac(secret.derive("idempotency"))
+        self._mac_revoke = _Mac(secret.derive("revocation"))
         self._step_macs: OrderedDict[tuple[str, int], _Mac] = OrderedDict()
 
     # ------------------------------------------------------------------ tokens
-    def issue(self, ttl_seconds: float, *, kind: int = DEVICE, now: float | None = None,
+    def issue(self, ttl_seconds: float, *, kind: int = DEVICE, campaign: str | None = None, now: float | None = None,
               token_id: bytes | None = None) -> str:
-        """A new token valid for ``ttl_seconds`` with a random 128-bit id (``token_id``: tests only)."""
+        """A new token valid for ``ttl_seconds`` with a random 128-bit id (``token_id``: tests only), for
+        ``campaign`` (``None``: every campaign)."""
         if kind not in KINDS:
             raise ValueError(f"unknown token kind {kind}")
         expires = int((time.time() if now is None else now) + ttl_seconds)
@@ -176,7 +199,7 @@ class TokenAuthority:
         ident = secrets.token_bytes(16) if token_id is None else token_id
         if len(ident) != 16:
             raise ValueError("a token id has 16 bytes")
-        head = _HEAD.pack(TOKEN_VERSION, kind, expires, ident)
+        head = _HEAD.pack(TOKEN_VERSION, kind, expires, ident, campaign_scope(campaign))
         raw = head + self._mac_token(head)
         return TOKEN_PREFIX + base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
 
@@ -189,17 +212,19 @@ class TokenAuthority:
             raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
         except (binascii.Error, ValueError):
             raise MalformedToken("a token is base64url") from None
+        if len(raw) == 54:
+            raise MalformedToken("a version 1 token (without campaign scope) is no longer accepted: issue a new one")
         if len(raw) != _TOKEN_BYTES:
             raise MalformedToken(f"a token holds {_TOKEN_BYTES} bytes, got {len(raw)}")
         head, tag = raw[:_HEAD.size], raw[_HEAD.size:]
         if not hmac.compare_digest(self._mac_token(head), tag):
             raise ForgedToken("the token's signature does not verify")
-        version, kind, expires, ident = _HEAD.unpack(head)
+        version, kind, expires, ident, scope = _HEAD.unpack(head)
         if version != TOKEN_VERSION or kind not in KINDS:  # signed by us: only a future format gets here
             raise MalformedToken(f"token version {version}, kind {kind} not supported")
         if expires <= (time.time() if now is None else now):
             raise ExpiredToken("the token has expired")
-        return Credential(kind, ident, expires)
+        return Credential(kind, ident, expires, scope)
 
     def verify_header(self, authorization: str | None, now: float | None = None) -> Credential:
         """The credential of an ``Authorization: Bearer <token>`` header (:class:`MissingToken` without one)."""
@@ -228,6 +253,10 @@ class TokenAuthority:
     def request_id(self, credential_id: bytes, idempotency_key: str) -> bytes:
         """The 128-bit name of a request's idempotency record (per credential and key)."""
         return self._mac_idem(credential_id + idempotency_key.encode())[:16]
+
+    def revocation_id(self, credential_id: bytes) -> bytes:
+        """The 128-bit name of a token in the revocation list (a keyed hash of its id)."""
+        return self._mac_revoke(credential_id)[:16]
 
 
 class _Mac:

@@ -5,16 +5,21 @@ door for device reports: authentication, body limits, decoding, rate limits, ide
 In order (the first failure answers):
 
 1. credential (``Authorization: Bearer <token>``, :mod:`.auth`): 401 ``missing_token`` /
-   ``malformed_token`` / ``forged_token`` / ``expired_token``; none asked in *open* mode (development);
+   ``malformed_token`` / ``forged_token`` / ``expired_token``, or ``revoked_token`` if it is in the revocation
+   list (:mod:`.revocation`); none asked in *open* mode (development); then the token's request rate
+   (:mod:`.token_rate`): 429 ``token_rate_limited`` past it: every request from here on counts, refused or not;
 2. ``Content-Type``: ``application/json`` (the default; :mod:`wire.single_report`: one object or a list)
    or ``application/x-ldp-reports`` (:mod:`wire.compact`); 415 ``unsupported_media_type`` otherwise;
 3. ``Idempotency-Key`` (optional): 1-255 visible ASCII characters, else 400 ``bad_idempotency_key``;
 4. body size: 413 ``body_too_large`` past ``max_body_bytes`` (from ``Content-Length`` before reading, or
    while reading a chunked body);
-5. decoding, all-or-nothing: 400 with the reason of the first bad report (and ``errors``, one per bad
-   JSON object);
-6. report count: 413 ``too_many_reports`` past the credential's limit (device, relay);
-7. steps (tokens only): 400 ``step_out_of_window`` for a ``t`` outside :func:`.limits.step_window`;
+5. report count *before decoding* (:mod:`.precount`: the compact section headers, a lower bound of a JSON
+   list): 413 ``too_many_reports`` past the credential's limit (device, relay);
+6. decoding, all-or-nothing: 400 with the reason of the first bad report (and ``errors``, one per bad
+   JSON object); the report count again (413 ``too_many_reports``), for a JSON list before validating its items;
+7. campaign (tokens only): 403 ``wrong_campaign`` for a report of a campaign the token is not for; relay
+   tokens: their reports per second (:mod:`.token_rate`), 429 ``relay_rate_limited`` past it; steps: 400
+   ``step_out_of_window`` for a ``t`` outside :func:`.limits.step_window`;
 8. rate limit (device tokens): one report per device per (campaign, attribute, t), 429 ``rate_limited``
    with the ``conflicts`` (report indices) if another request holds a slot; the idempotency record:
    the first answer again (header ``Idempotent-Replayed: true``), 409 ``request_in_progress``, 422
@@ -32,9 +37,10 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import time
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Mapping, NamedTuple
+from typing import Any, Awaitable, Callable, Container, Mapping, NamedTuple
 
 from wire.campaign import Campaign
 from wire.compact import CONTENT_TYPE as COMPACT_TYPE
@@ -47,6 +53,8 @@ from .auth import AuthError, Credential, TokenAuthority
 from .batcher import PublishError
 from .limits import RequestLedger, slot_ttl, step_window
 from .metrics import IngestMetrics
+from .precount import compact_count, json_count_at_least
+from .token_rate import TokenRates
 
 __all__ = ["BodyTooLarge", "HandlerLimits", "JSON_TYPES", "ReadBody", "Reply", "ReportHandler"]
 
@@ -93,13 +101,18 @@ class ReportHandler:
 
     def __init__(self, campaigns: Mapping[str, Campaign], submit: Submit, metrics: IngestMetrics, *,
                  authority: TokenAuthority | None, ledger: RequestLedger | None,
-                 limits: HandlerLimits = HandlerLimits()) -> None:
+                 limits: HandlerLimits = HandlerLimits(), revoked: Container[bytes] = frozenset(),
+                 request_rates: Mapping[bool, TokenRates] | None = None,
+                 relay_reports: TokenRates | None = None) -> None:
         self.campaigns = campaigns
         self.submit = submit
         self.metrics = metrics
         self.authority = authority
         self.ledger = ledger
         self.limits = limits
+        self.revoked = revoked  # revocation ids (:meth:`TokenAuthority.revocation_id`)
+        self.request_rates = request_rates or {}  # relay? -> requests per token
+        self.relay_reports = relay_reports  # reports per relay token
 
     async def handle(self, headers: Mapping[str, str], read_body: ReadBody) -> Reply:
         """Answer one request (``headers``: case-insensitive or lower-case names)."""
@@ -123,6 +136,14 @@ class ReportHandler:
                 cred = self.authority.verify_header(headers.get("authorization"), now)
             except AuthError as exc:
                 return self.refuse(401, exc.reason, exc.detail, (("www-authenticate", 'Bearer realm="ldp-ingest"'),))
+            if self.authority.revocation_id(cred.id) in self.revoked:
+                return self.refuse(401, "revoked_token", "the token was revoked",
+                                   (("www-authenticate", 'Bearer realm="ldp-ingest"'),))
+            rates = self.request_rates.get(cred.relay)
+            wait = rates.take(cred.id) if rates is not None else 0.0
+            if wait > 0:
+                return self.refuse(429, "token_rate_limited", f"at most {rates.rate:g} requests per second per "
+                                   f"token", (("retry-after", str(max(1, math.ceil(wait)))),))
         ctype = (headers.get("content-type") or JSON_TYPES[0]).split(";", 1)[0].strip().lower()
         if ctype not in JSON_TYPES and ctype != COMPACT_TYPE:
             return self.refuse(415, "unsupported_media_type", f"send {JSON_TYPES[0]} or {COMPACT_TYPE}, not {ctype!r}")
@@ -137,22 +158,37 @@ class ReportHandler:
             body = await read_body(limit)
         except BodyTooLarge:
             return self.refuse(413, "body_too_large", f"the body has more than {limit} bytes")
-        decoded = await self._decode(ctype, body, now)
+        lim = self.limits
+        most = lim.max_open_reports if cred is None else lim.max_relay_reports if cred.relay else lim.max_device_reports
+        decoded = await self._decode(ctype, body, now, most)
         if isinstance(decoded, Reply):
             return decoded
         return await self._admit(decoded, cred, key, body, now)
 
-    async def _decode(self, ctype: str, body: bytes, now: float) -> list[SingleReport] | Reply:
-        """The request's reports, or the 400 answer (all-or-nothing)."""
+    def _too_many(self, n: int, most: int, *, at_least: bool = False) -> Reply:
+        return self.refuse(413, "too_many_reports", f"{'at least ' if at_least else ''}{n} reports in one "
+                           f"request, at most {most} are accepted")
+
+    async def _decode(self, ctype: str, body: bytes, now: float, most: int) -> list[SingleReport] | Reply:
+        """The request's reports, or the 400 answer (all-or-nothing), or 413 if they are more than ``most``
+        (told before decoding: :mod:`.precount`)."""
         if ctype == COMPACT_TYPE:
             try:
+                n = compact_count(body)
+                if n > most:
+                    return self._too_many(n, most)
                 return decode_compact(body, self.campaigns, now)
             except EnvelopeError as exc:
                 return self.refuse(400, exc.reason, exc.detail, rejected=1)
+        n = json_count_at_least(body)
+        if n > most:
+            return self._too_many(n, most, at_least=True)
         try:
             objs = decode_report_request(body)
         except EnvelopeError as exc:
             return self.refuse(400, exc.reason, exc.detail, rejected=1)
+        if len(objs) > most:
+            return self._too_many(len(objs), most)
         good, bad = [], []
         for i, obj in enumerate(objs):
             try:
@@ -170,7 +206,18 @@ class ReportHandler:
         lim = self.limits
         most = lim.max_open_reports if cred is None else lim.max_relay_reports if cred.relay else lim.max_device_reports
         if n > most:
-            return self.refuse(413, "too_many_reports", f"{n} reports in one request, at most {most} are accepted")
+            return self._too_many(n, most)
+        if cred is not None:
+            for i, item in enumerate(items):
+                if not cred.allows(item.campaign.id):
+                    return self.refuse(403, "wrong_campaign", f"report {i}: the token is not for campaign "
+                                       f"{item.campaign.id!r}")
+            if cred.relay and self.relay_reports is not None:
+                wait = self.relay_reports.take(cred.id, n)
+                if wait > 0:
+                    return self.refuse(429, "relay_rate_limited", f"at most {self.relay_reports.rate:g} reports "
+                                       f"per second per relay token",
+                                       (("retry-after", str(max(1, math.ceil(min(wait, 3600))))),))
         slots: list[tuple[str, int, bytes, int]] = []
         slot_keys: dict[tuple[str, str, int], RateSlot] = {}  # (campaign, attribute, t) -> its rate-limit slot
         if cred is not None:

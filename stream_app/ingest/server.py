@@ -49,7 +49,7 @@ class ConnectionGuard:
 
     max_header_bytes: int = 16 << 10
     request_seconds: float = 30.0
-    first_byte_seconds: float = 5.0
+    first_byte_seconds: float = 10.0
     max_connections: int = 10_000
     max_connections_per_ip: int = 1_000
     on_refusal: Callable[[str], None] = lambda reason: None

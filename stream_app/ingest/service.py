@@ -40,8 +40,10 @@ from .batcher import Batcher
 from .handler import BodyTooLarge, HandlerLimits, ReadBody, ReportHandler
 from .limits import RequestLedger
 from .metrics import MULTIPROC_ENV, IngestMetrics, render, use_multiprocess_values
+from .revocation import RevocationCache
 from .server import PROTOCOL
 from .settings import IngestSettings
+from .token_rate import TokenRates
 
 __all__ = ["IngestApp", "Request", "Response", "create_app", "serve"]
 
@@ -78,6 +80,12 @@ def _handler_limits(s: IngestSettings) -> HandlerLimits:
                          max_late_seconds=s.max_late_seconds, max_early_seconds=s.max_early_seconds)
 
 
+def _request_rates(s: IngestSettings) -> dict[bool, TokenRates]:
+    """Requests per token (relay? -> its buckets; bursts of two seconds' worth, at least 1)."""
+    return {relay: TokenRates(rate, max(1.0, 2 * rate)) for relay, rate in
+            ((False, s.device_requests_per_second), (True, s.relay_requests_per_second))}
+
+
 class IngestApp:
     """The ingest of one server process: :meth:`start`, :meth:`route` per request (the HTTP server's
     handler), :meth:`stop`."""
@@ -97,6 +105,8 @@ class IngestApp:
         self.batcher: Batcher | None = None
         self.store: CountStore | None = None
         self.producer: Any = None
+        self.revocations: RevocationCache | None = None
+        self._revocation_task: asyncio.Task | None = None
         self._stopping = False
 
     # ------------------------------------------------------------------ lifecycle
@@ -133,8 +143,17 @@ class IngestApp:
                                max_reports=s.max_batch_reports)
         ledger = RequestLedger(self.store, idempotency_seconds=s.idempotency_seconds,
                                lease_seconds=s.publish_timeout + 5.0)
+        self.revocations = RevocationCache(self.store, s.revocation_refresh_seconds)
+        try:
+            await self.revocations.refresh()  # in force from the first request
+        except RETRYABLE_ERRORS as exc:
+            log.warning("the revocation list cannot be read yet: %s", exc)
+        self._revocation_task = asyncio.get_running_loop().create_task(self.revocations.run())
         self.handler = ReportHandler(self.campaigns, self.batcher.submit, self.metrics, authority=self.authority,
-                                     ledger=ledger, limits=_handler_limits(s))
+                                     ledger=ledger, limits=_handler_limits(s), revoked=self.revocations,
+                                     request_rates=_request_rates(s),
+                                     relay_reports=TokenRates(s.relay_reports_per_second,
+                                                              max(s.relay_reports_per_second, s.max_relay_reports)))
         if self.authority is None:
             log.warning("ldp ingest in OPEN mode: reports are accepted without a credential and without rate "
                         "limits (development only)")
@@ -143,6 +162,8 @@ class IngestApp:
         """Publish what the batcher holds and close the clients (the HTTP server has already waited, at most
         ``shutdown_timeout``, for the requests in flight)."""
         self._stopping = True
+        if self._revocation_task is not None:
+            self._revocation_task.cancel()
         if self.batcher is not None:
             try:
                 await asyncio.wait_for(self.batcher.stop(), self.settings.publish_timeout)

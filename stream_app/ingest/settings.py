@@ -26,6 +26,10 @@ so one environment serves both.
 - ``max_connections``: ``LDP_INGEST_MAX_CONNECTIONS``, ``--max-connections``
 - ``max_connections_per_ip``: ``LDP_INGEST_MAX_CONNECTIONS_PER_IP``, ``--max-connections-per-ip``
 - ``first_byte_timeout``: ``LDP_INGEST_FIRST_BYTE_TIMEOUT``, ``--first-byte-timeout``
+- ``device_requests_per_second``: ``LDP_INGEST_DEVICE_REQUEST_RATE``, ``--device-request-rate``
+- ``relay_requests_per_second``: ``LDP_INGEST_RELAY_REQUEST_RATE``, ``--relay-request-rate``
+- ``relay_reports_per_second``: ``LDP_INGEST_RELAY_REPORT_RATE``, ``--relay-report-rate``
+- ``revocation_refresh_seconds``: ``LDP_INGEST_REVOCATION_REFRESH``, ``--revocation-refresh``
 - ``open_mode``: ``LDP_INGEST_OPEN``, ``--open`` (development only: no credential, no rate limit)
 - ``loglevel``: ``LDP_LOGLEVEL``, ``--loglevel``
 
@@ -107,7 +111,19 @@ class IngestSettings:
                                            "one past it is closed at once.", int, default=1_000)
     first_byte_timeout: float = _setting("LDP_INGEST_FIRST_BYTE_TIMEOUT", ("--first-byte-timeout",),
                                          "Close a new connection that sent no byte within this long (s).", float,
-                                         default=5.0)
+                                         default=10.0)
+    device_requests_per_second: float = _setting(
+        "LDP_INGEST_DEVICE_REQUEST_RATE", ("--device-request-rate",), "Requests per second per device token and "
+        "process (refused ones included; bursts of twice as many): 429 past it.", float, default=5.0)
+    relay_requests_per_second: float = _setting(
+        "LDP_INGEST_RELAY_REQUEST_RATE", ("--relay-request-rate",), "Requests per second per relay token and "
+        "process (refused ones included; bursts of twice as many): 429 past it.", float, default=100.0)
+    relay_reports_per_second: float = _setting(
+        "LDP_INGEST_RELAY_REPORT_RATE", ("--relay-report-rate",), "Reports per second per relay token and process "
+        "(bursts of max(this, max_relay_reports)): 429 past it.", float, default=100_000.0)
+    revocation_refresh_seconds: float = _setting(
+        "LDP_INGEST_REVOCATION_REFRESH", ("--revocation-refresh",), "Read the revocation list's version this often "
+        "(s): a revoked token is refused by every process within it.", float, default=0.5)
     open_mode: bool = _setting("LDP_INGEST_OPEN", ("--open",), "Development only: accept reports without a "
                                "credential (no rate limit).", parse_bool, default=False)
     loglevel: str = _setting("LDP_LOGLEVEL", ("--loglevel",), "Log level.", default="warning")
@@ -131,7 +147,8 @@ class IngestSettings:
             if getattr(self, name) < 0:
                 raise SettingsError(f"{name} must be >= 0, got {getattr(self, name)}")
         for name in ("publish_timeout", "shutdown_timeout", "request_timeout", "keepalive_seconds",
-                     "first_byte_timeout"):
+                     "first_byte_timeout", "device_requests_per_second", "relay_requests_per_second",
+                     "relay_reports_per_second", "revocation_refresh_seconds"):
             if not getattr(self, name) > 0:
                 raise SettingsError(f"{name} must be > 0, got {getattr(self, name)}")
 

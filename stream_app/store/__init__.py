@@ -11,7 +11,8 @@ methods named after what they mean. One module per concern:
 * :mod:`.estimates`: the step index as the estimator reads it, the history, the finals;
 * :mod:`.retention`: touched marks, the retention floor, pruning;
 * :mod:`.lease`: the estimator lease, fencing tokens and fences, wake-ups;
-* :mod:`.ingest_ledger`: what the HTTP ingest stores (rate-limit slots, idempotency records).
+* :mod:`.ingest_ledger`: what the HTTP ingest stores (rate-limit slots, idempotency records);
+* :mod:`.revocations`: the ingest's revoked tokens.
 
 :class:`CountStore` is composed of one class per module, as redis-py composes its client from command
 classes; the rest of the project uses it (and the names below) only.
@@ -26,11 +27,12 @@ from .estimates import CLAIM_EXISTS, CLAIM_STALE, CLAIMED, Estimates
 from .ingest_ledger import IngestClaim, IngestLedger, LedgerEntry, RateSlot, RequestRecord
 from .keys import (closed_ts_key, count_key, cursor_key, epoch_key, estimates_key, estimates_read_key,
                    fence_counter_key, fence_key, finals_key, floor_key, latest_key, lease_key, newest_final_key,
-                   pending_key, positions_key, pruned_key, rate_slot_key, request_key, server_marker_key, steps_key,
-                   touched_key, wake_channel)
+                   pending_key, positions_key, pruned_key, rate_slot_key, request_key, revoked_tokens_key,
+                   revoked_version_key, server_marker_key, steps_key, touched_key, wake_channel)
 from .lease import Lease, WakeUps
 from .positions import Position, Positions
 from .retention import Retention
+from .revocations import Revocations
 
 __all__ = ["ALREADY_CLOSED", "APPLIED", "CLAIMED", "CLAIM_EXISTS", "CLAIM_STALE", "CLUSTER_SCHEMES", "CountStore",
            "DUPLICATE_BATCH_ID", "EXPIRED", "FUTURE_STEP", "IngestClaim", "LedgerEntry", "Position",
@@ -39,12 +41,13 @@ __all__ = ["ALREADY_CLOSED", "APPLIED", "CLAIMED", "CLAIM_EXISTS", "CLAIM_STALE"
            "count_key", "cursor_key", "epoch_key", "estimates_key", "estimates_read_key", "fence_counter_key",
            "fence_key", "finals_key", "floor_key", "is_cluster_url", "latest_key", "lease_key", "newest_final_key",
            "pending_key", "positions_key", "pruned_key", "rate_slot_key", "read_step_sync", "request_key",
+           "revoked_tokens_key", "revoked_version_key", "Revocations",
            "server_marker_key", "steps_key", "touched_key", "wake_channel"]
 
 
-class CountStore(Counts, Positions, Estimates, Retention, Lease, IngestLedger, StoreConnection):
+class CountStore(Counts, Positions, Estimates, Retention, Lease, IngestLedger, Revocations, StoreConnection):
     """Async access to the step vectors, positions, estimates, retention, the estimator lease and the ingest
-    ledger (one class per concern, module doc)."""
+    ledger and its revocation list (one class per concern, module doc)."""
 
     @classmethod
     def from_url(cls, url: str) -> "CountStore":

@@ -29,14 +29,16 @@ Keys of a consumer group ``<app_id>``: ``ldp:positions:<app_id>`` (hash ``<topic
 
 Keys of the HTTP ingest (:mod:`.ingest_ledger`): ``ldp:rate:<c>:<t>:<slot>`` (a rate-limit slot: ``slot`` is a
 keyed per-step hash of device and attribute, never a device id; no hash tag, so the slots spread over a
-cluster) and ``ldp:request:<id>`` (an idempotency record).
+cluster) and ``ldp:request:<id>`` (an idempotency record); the revoked tokens ``ldp:{revoked}:tokens`` (sorted
+set: a keyed hash of a token's id -> the token's expiry) and ``ldp:{revoked}:version`` (incremented at every
+revocation: the ingest reads the set again when it changes).
 """
 from __future__ import annotations
 
 __all__ = ["closed_ts_key", "count_key", "cursor_key", "epoch_key", "estimates_key", "estimates_read_key",
            "fence_counter_key", "fence_key", "finals_key", "floor_key", "latest_key", "lease_key", "newest_final_key",
-           "pending_key", "positions_key", "pruned_key", "rate_slot_key", "request_key", "server_marker_key",
-           "steps_key", "touched_key", "wake_channel"]
+           "pending_key", "positions_key", "pruned_key", "rate_slot_key", "request_key", "revoked_tokens_key",
+           "revoked_version_key", "server_marker_key", "steps_key", "touched_key", "wake_channel"]
 
 
 def _attribute_prefix(campaign: str, attribute: str) -> str:
@@ -155,3 +157,13 @@ def rate_slot_key(campaign: str, t: int, slot: bytes) -> str:
 def request_key(request: bytes) -> str:
     """The ingest's idempotency record of a request (``request``: a keyed hash of credential and key)."""
     return f"ldp:request:{request.hex()}"
+
+
+def revoked_tokens_key() -> str:
+    """Sorted set of the revoked tokens (member: a keyed hash of a token id, score: the token's expiry)."""
+    return "ldp:{revoked}:tokens"
+
+
+def revoked_version_key() -> str:
+    """The revocation list's version, incremented at every revocation (same hash tag as the set)."""
+    return "ldp:{revoked}:version"

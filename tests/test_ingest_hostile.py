@@ -1,0 +1,303 @@
+"""An ingest that survives hostile clients (issue 20, point 4), against a real ``ldp ingest`` (two processes on
+one port, real sockets) on the local stack (tansu + redis-server):
+
+* twice the service's per-address connection cap of idle sockets from one address: the connections past the
+  cap are closed at once, the others after the first-byte timeout, and 20 clients from other addresses
+  (127.0.0.2 .. 127.0.0.21) all get 200 meanwhile;
+* a 1 MiB body of 10,000 reports with a device token is refused (413) using at most 2 ms of ingest CPU
+  (the ingest processes' scheduler time, median over 20 requests, minus the median of idle intervals);
+* a token revoked with ``ldp tokens revoke`` is refused by every ingest process within 1 s;
+* a token of campaign A is refused for campaign B (403); a device token's requests are rate-limited, refused
+  ones included (429 ``token_rate_limited``); a relay over its reports per second gets 429.
+"""
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from types import SimpleNamespace
+
+import psutil
+import pytest
+
+from ldpstream_dev.processes import stop_child
+from ldpstream_dev.workers import unique_campaign_file
+from stream_app.ingest.auth import RELAY, DeviceSecret, TokenAuthority
+from stream_app.ingest.server import ConnectionGuard
+from stream_app.ingest.settings import IngestSettings
+from stream_app.settings import free_port
+from test_ingest_service import get, metric, report
+from wire.campaign import Campaign, step_at
+from wire.compact import CONTENT_TYPE as COMPACT, encode_compact
+
+pytestmark = pytest.mark.timeout(180)
+
+DATA = Path(__file__).resolve().parent / "data" / "fleet-health.toml"
+ROOT = Path(__file__).resolve().parent.parent
+PER_IP, PROCESSES, FIRST_BYTE = 10, 2, 3.0
+RELAY_RATE = 1000
+
+
+@pytest.fixture(scope="module")
+def ingest(local_stack, tmp_path_factory):
+    run = tmp_path_factory.mktemp("hostile")
+    info = local_stack.info
+    path_a, path_b = (unique_campaign_file(DATA, run, suffix=f"{x}{uuid.uuid4().hex[:6]}") for x in "ab")
+    secret = DeviceSecret.generate()
+    secret_file = run / "secret"
+    secret_file.write_text(secret.hex() + "\n")
+    secret_file.chmod(0o600)
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LDP_")}
+    env.update(local_stack.client_env(), LDP_DEVICE_SECRET_FILE=str(secret_file),
+               PYTHONPATH=os.pathsep.join(x for x in (str(ROOT), os.environ.get("PYTHONPATH", "")) if x))
+    log = open(run / "ingest.log", "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "ldpstream_cli", "ingest", "-c", str(path_a), "-c", str(path_b),
+                             "--kafka", info.kafka_bootstrap, "--redis", info.redis_url, "--host", "0.0.0.0",
+                             "--topic-prefix", f"hostile-{uuid.uuid4().hex[:6]}.", "--port", str(port),
+                             "--processes", str(PROCESSES), "--max-connections-per-ip", str(PER_IP),
+                             "--first-byte-timeout", str(FIRST_BYTE), "--max-relay-reports", str(RELAY_RATE),
+                             "--relay-report-rate", str(RELAY_RATE)],
+                            stdout=log, stderr=subprocess.STDOUT, env=env, cwd=run, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if get(f"{url}/health")[0] == 200 and len(psutil.Process(proc.pid).children()) >= PROCESSES:
+                    break
+            except OSError:
+                pass
+            assert proc.poll() is None, (run / "ingest.log").read_text()
+            assert time.monotonic() < deadline, (run / "ingest.log").read_text()
+            time.sleep(0.1)
+        yield SimpleNamespace(url=url, port=port, proc=proc, a=Campaign.load(path_a), b=Campaign.load(path_b),
+                              authority=TokenAuthority(secret), env=env, redis=info.redis_url, log=run / "ingest.log")
+    finally:
+        stop_child(proc)
+        log.close()
+
+
+def workers(ing) -> list[psutil.Process]:
+    return psutil.Process(ing.proc.pid).children()
+
+
+def request(conn: http.client.HTTPConnection, body: bytes, token: str | None,
+            ctype: str = "application/json") -> tuple[int, dict]:
+    headers = {"Content-Type": ctype, **({"Authorization": f"Bearer {token}"} if token else {})}
+    conn.request("POST", "/reports", body=body, headers=headers)
+    resp = conn.getresponse()
+    data = resp.read()
+    return resp.status, json.loads(data) if data else {}
+
+
+class BoundConnection(http.client.HTTPConnection):
+    """An HTTP connection from a chosen source address (loopback accepts any 127.x.y.z)."""
+
+    def __init__(self, port: int, source: str) -> None:
+        super().__init__("127.0.0.1", port, timeout=30, source_address=(source, 0))
+
+
+def refusals(ing) -> str:
+    return get(f"{ing.url}/metrics")[1]
+
+
+def refused_delta(before: str, after: str, reason: str) -> float:
+    return metric(after, "ldp_ingest_refused_total", reason=reason) - \
+        metric(before, "ldp_ingest_refused_total", reason=reason)
+
+
+# ---------------------------------------------------------------------------- defaults
+def test_the_first_byte_timeout_is_10_s_by_default():
+    s = IngestSettings.from_env({}, campaign_paths=(DATA,), kafka_bootstrap="k:1", redis_url="redis://r")
+    assert s.first_byte_timeout == 10.0 == ConnectionGuard().first_byte_seconds
+    assert s.max_connections_per_ip == 1_000
+
+
+# ---------------------------------------------------------------------------- connections
+def test_idle_sockets_from_one_address_do_not_shut_out_other_clients(ingest):
+    before = refusals(ingest)
+    idle = [socket.create_connection(("127.0.0.1", ingest.port), timeout=10) for _ in range(2 * PER_IP * PROCESSES)]
+    try:
+        t = step_at(ingest.a, time.time())
+        for i in range(20):
+            conn = BoundConnection(ingest.port, f"127.0.0.{2 + i}")
+            obj, _ = report(ingest.a, "opt_in", t, i % 2, seed=i)
+            try:
+                status, doc = request(conn, json.dumps(obj).encode(),
+                                      ingest.authority.issue(600, campaign=ingest.a.id))
+            finally:
+                conn.close()
+            assert (status, doc) == (200, {"accepted": 1}), (i, doc)
+        # past the cap: closed at once; the others after the first-byte timeout
+        deadline = time.monotonic() + FIRST_BYTE + 3
+        for sock in idle:
+            sock.settimeout(max(0.1, deadline - time.monotonic()))
+            try:
+                assert sock.recv(1) == b""
+            except ConnectionResetError:
+                pass
+        assert time.monotonic() <= deadline
+    finally:
+        for sock in idle:
+            sock.close()
+    after = refusals(ingest)
+    assert refused_delta(before, after, "too_many_connections_per_ip") >= PER_IP * PROCESSES
+    assert refused_delta(before, after, "first_byte_timeout") >= 1
+
+
+# ---------------------------------------------------------------------------- CPU of a refusal
+def _cpu_ns(procs: list[psutil.Process]) -> int:
+    """Scheduler time (ns) of every thread of ``procs`` (``/proc/<pid>/task/<tid>/schedstat``: ns resolution)."""
+    total = 0
+    for p in procs:
+        for task in Path(f"/proc/{p.pid}/task").iterdir():
+            try:
+                total += int((task / "schedstat").read_text().split()[0])
+            except (OSError, ValueError, IndexError):
+                pass
+    return total
+
+
+@pytest.mark.skipif(not Path("/proc/self/schedstat").exists(), reason="needs /proc/<pid>/schedstat")
+def test_a_1_mib_body_of_10000_reports_is_refused_with_at_most_2_ms_of_cpu(ingest):
+    t = step_at(ingest.a, time.time())
+    obj, _ = report(ingest.a, "opt_in", t, 1, seed=5)
+    body = json.dumps([obj] * 10_000, separators=(",", ":")).encode()
+    assert len(body) <= 1 << 20, len(body)
+    procs = workers(ingest)
+    conns = [http.client.HTTPConnection("127.0.0.1", ingest.port, timeout=30) for _ in range(4)]
+    costs, idle, walls = [], [], []
+    try:
+        for i in range(20):
+            token = ingest.authority.issue(600, campaign=ingest.a.id)
+            conn = conns[i % len(conns)]
+            w0, c0 = time.perf_counter(), _cpu_ns(procs)
+            status, doc = request(conn, body, token)
+            c1, w1 = _cpu_ns(procs), time.perf_counter()
+            assert status == 413 and doc["error"] == "too_many_reports", doc
+            costs.append(c1 - c0)
+            walls.append(w1 - w0)
+            c2 = _cpu_ns(procs)
+            time.sleep(w1 - w0)  # an idle interval as long: the processes' background work (timers, refreshes)
+            idle.append(_cpu_ns(procs) - c2)
+    finally:
+        for conn in conns:
+            conn.close()
+    cost_ms = (statistics.median(costs) - statistics.median(idle)) / 1e6
+    assert cost_ms <= 2.0, (cost_ms, sorted(costs), sorted(idle), sorted(walls))
+
+
+# ---------------------------------------------------------------------------- revocation
+def _server_pid(conn: http.client.HTTPConnection, procs: list[psutil.Process]) -> int | None:
+    """The ingest process holding the server side of ``conn``."""
+    local = conn.sock.getsockname()
+    for p in procs:
+        for c in p.net_connections(kind="tcp"):
+            if c.raddr and (c.raddr.ip, c.raddr.port) == local:
+                return p.pid
+    return None
+
+
+def test_a_revoked_token_is_refused_by_every_process_within_1_s(ingest):
+    token = ingest.authority.issue(600, campaign=ingest.a.id)
+    procs = workers(ingest)
+    conns: dict[int, http.client.HTTPConnection] = {}
+    others = []
+    for _ in range(40):  # a keep-alive connection to each process
+        conn = http.client.HTTPConnection("127.0.0.1", ingest.port, timeout=30)
+        assert request(conn, b"x", token, "text/plain")[0] == 415  # accepted: refused for its content type
+        pid = _server_pid(conn, procs)
+        if pid is not None and pid not in conns:
+            conns[pid] = conn
+        else:
+            others.append(conn)
+        if len(conns) == PROCESSES:
+            break
+    for conn in others:
+        conn.close()
+    assert len(conns) == PROCESSES, "no connection reached every process"
+    before = refusals(ingest)
+    try:
+        subprocess.run([sys.executable, "-m", "ldpstream_cli", "tokens", "revoke", token, "--redis", ingest.redis],
+                       env=ingest.env, check=True, capture_output=True, timeout=60)
+        t0 = time.monotonic()
+        refused_at = {}
+        while len(refused_at) < PROCESSES and time.monotonic() - t0 < 3.0:
+            for pid, conn in conns.items():
+                if pid not in refused_at:
+                    status, doc = request(conn, b"x", token, "text/plain")
+                    if status == 401:
+                        assert doc["error"] == "revoked_token", doc
+                        refused_at[pid] = time.monotonic() - t0
+            time.sleep(0.05)
+    finally:
+        for conn in conns.values():
+            conn.close()
+    assert set(refused_at) == set(conns) and max(refused_at.values()) <= 1.0, refused_at
+    assert refused_delta(before, refusals(ingest), "revoked_token") >= PROCESSES
+    other = ingest.authority.issue(600, campaign=ingest.a.id)  # another token of the same campaign still works
+    conn = http.client.HTTPConnection("127.0.0.1", ingest.port, timeout=30)
+    try:
+        assert request(conn, b"x", other, "text/plain")[0] == 415
+    finally:
+        conn.close()
+
+
+# ---------------------------------------------------------------------------- scopes and rates
+def test_a_token_of_campaign_a_is_refused_for_campaign_b(ingest):
+    token = ingest.authority.issue(600, campaign=ingest.a.id)
+    now = time.time()
+    obj_b, _ = report(ingest.b, "opt_in", step_at(ingest.b, now), 1, seed=7)
+    obj_a, _ = report(ingest.a, "opt_in", step_at(ingest.a, now), 1, seed=8)
+    before = refusals(ingest)
+    conn = http.client.HTTPConnection("127.0.0.1", ingest.port, timeout=30)
+    try:
+        status, doc = request(conn, json.dumps(obj_b).encode(), token)
+        assert status == 403 and doc["error"] == "wrong_campaign", doc
+        assert request(conn, json.dumps(obj_a).encode(), token) == (200, {"accepted": 1})
+        # a token for every campaign (issued without one) reports for both
+        assert request(conn, json.dumps(obj_b).encode(), ingest.authority.issue(600)) == (200, {"accepted": 1})
+    finally:
+        conn.close()
+    assert refused_delta(before, refusals(ingest), "wrong_campaign") == 1
+
+
+def test_refused_requests_count_against_a_tokens_request_rate(ingest):
+    token = ingest.authority.issue(600, campaign=ingest.a.id)
+    conn = http.client.HTTPConnection("127.0.0.1", ingest.port, timeout=30)
+    try:
+        answers = [request(conn, b"x", token, "text/plain") for _ in range(30)]
+    finally:
+        conn.close()
+    statuses = [s for s, _ in answers]
+    assert statuses[0] == 415 and statuses[-1] == 429, statuses
+    assert {d["error"] for s, d in answers if s == 429} == {"token_rate_limited"}
+    assert statuses.count(415) <= 12  # a burst of 10 (5 a second), nothing more
+
+
+def test_a_relay_over_its_reports_per_second_gets_429(ingest):
+    relay = ingest.authority.issue(600, kind=RELAY, campaign=ingest.a.id)
+    c = ingest.a
+    proto = c.attributes["crash_minute"].protocol
+    import numpy as np
+
+    rng = np.random.default_rng(3)
+    reps = proto.randomize(rng.integers(0, 360, RELAY_RATE), rng, state=proto.new_state(RELAY_RATE))
+    body = encode_compact([(c, "crash_minute", step_at(c, time.time()), reps)])
+    before = refusals(ingest)
+    conn = http.client.HTTPConnection("127.0.0.1", ingest.port, timeout=30)  # one process: its own buckets
+    try:
+        assert request(conn, body, relay, COMPACT) == (200, {"accepted": RELAY_RATE})
+        status, doc = request(conn, body, relay, COMPACT)
+        assert status == 429 and doc["error"] == "relay_rate_limited", doc
+    finally:
+        conn.close()
+    assert refused_delta(before, refusals(ingest), "relay_rate_limited") == 1
