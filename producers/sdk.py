@@ -11,15 +11,39 @@ dev.send_group("device", {"dark_mode": 1, "language": 3, "screen": 17})   # a [[
 
 State directory (``state_path``)::
 
-    device.json        # campaign id and fingerprint the state belongs to
+    device.json        # campaign id, one fingerprint per attribute and group, "a ledger exists"
     <attr>.memo.npz    # one MemoState of a single device per memoizing attribute (atomic writes)
     <group>.group.npz  # one MultiState of a single device per group (atomic writes): memo keys and
                        # marks per attribute, the sampled attribute, the fixed fake inputs
     budget.json        # the budget ledger (atomic writes): reports spent by memoryless attributes,
                        # memo slots reserved by memoizing ones, the value each memoizing
                        # attribute last reported (the value a frozen attribute keeps reporting),
-                       # and the group reports reserved per group
+                       # and the group reports reserved per group; the key id of every attribute and
+                       # group that has reported, the loss its resets retired, each scope's reserved loss
     .lock              # flock: one Device at a time per state directory
+
+The directory is created with mode 0700 (an existing one is tightened to it), its files 0600.
+
+Device state
+------------
+A device never reports with a key it cannot account for (``docs/privacy.md``, "Device state fails
+closed"). The ledger records the id of an attribute's (a group's) key before the first report that
+uses it leaves the SDK; a memo or group file the ledger names that is missing, truncated, unreadable
+or holds another key, protocol or sampled attribute makes :meth:`Device.report` /
+:meth:`Device.report_group` raise :class:`DeviceStateError` for that attribute (nothing randomized,
+saved or sent; the other attributes go on). A lost ledger or identity next to existing state
+refuses the whole device. :meth:`Device.reset` with ``accept_privacy_loss=True`` is the only way on
+for one attribute: the old key's reserved loss stays in the ledger (``retired``) and the fresh
+key's first memo slot (ε∞), or a fresh group state's first step, is reserved at once; the first
+report after it reserves one more slot, as every report does (an over-count by at most one ε∞).
+
+*Campaigns evolve.* ``device.json`` records a fingerprint per attribute and per group
+(``proto.fingerprint`` / ``solution.fingerprint``: protocol, k, ε and the other protocol
+parameters; not the step length, retention or labels). Adding or removing an attribute keeps every
+other one's keys, memo state and ledger; a removed attribute's recorded loss stays counted. An
+attribute whose fingerprint changed after it reported is a new attribute: refused with
+:class:`DeviceStateError` until :meth:`Device.reset`; one that never reported takes the new
+fingerprint silently.
 
 Lifetime privacy budget
 -----------------------
@@ -81,9 +105,11 @@ frequency (and ``phi`` in total variation); it is zero when frozen devices' valu
 fact move, and it grows as the population drifts away from what the frozen devices hold.
 
 *Crash safety.* The ledger is written *before* a report leaves :meth:`Device.report`, and a new
-memoization is written as: ledger with the reserved slot, memo state, ledger with the new last
-value. A crash can only over-count the reservation, never under-count it, and the recorded last
-value is always a memoized one.
+memoization is written as: ledger with the reserved slot (and the key id), memo state, ledger with
+the new last value. A crash can only over-count the reservation, never under-count it, and the
+recorded last value is always a memoized one. A fresh key is saved to its memo file before the
+ledger names it, so a crash before the first report leaves an unused key (used again) or none
+(drawn again: nothing was sent with it).
 
 *Older state.* A state directory written before this rule has no slots or last values: its slots
 start at its memoized count, and until a memoizing attribute has reported once under this SDK it
