@@ -12,7 +12,8 @@ dev.send_group("device", {"dark_mode": 1, "language": 3, "screen": 17})   # a [[
 State directory (``state_path``)::
 
     device.json        # campaign id, one fingerprint per attribute and group, "a ledger exists"
-    <attr>.memo.npz    # one MemoState of a single device per memoizing attribute (atomic writes)
+    <attr>.memo.npz    # one MemoState of a single device per memoizing attribute (atomic writes), its key zeroed
+    memo.<attr>.key    # that attribute's 256-bit memo key (default FileKeyStore; ``keystore=``: an OS keystore)
     <group>.group.npz  # one MultiState of a single device per group (atomic writes): memo keys and
                        # marks per attribute, the sampled attribute, the fixed fake inputs
     budget.json        # the budget ledger (atomic writes): reports spent by memoryless attributes,
@@ -197,6 +198,7 @@ from estimators import MemoState, MultiState
 from estimators.base import FrequencyProtocol
 from estimators.errors import InvalidState, LDPError
 from estimators.fileio import atomic_write
+from producers.keystore import FileKeyStore, KeyStore
 from wire.campaign import Campaign, CampaignError, Group, step_at
 from wire.single_report import check_step, encode_single_report
 
@@ -291,7 +293,8 @@ class Device:
     """
 
     def __init__(self, campaign: Campaign, state_path: str | Path, budget_eps: float | None = None,
-                 ingest_url: str | None = None, *, timeout: float = 10.0, token: str | None = None) -> None:
+                 ingest_url: str | None = None, *, timeout: float = 10.0, token: str | None = None,
+                 keystore: KeyStore | None = None) -> None:
         if budget_eps is not None and not budget_eps >= 0:
             raise ValueError(f"budget_eps must be >= 0 or None, got {budget_eps}")
         if budget_eps is not None:
@@ -310,6 +313,7 @@ class Device:
         self.timeout = timeout
         self.token = token  # the device's ingest token (`ldp tokens issue`), sent as Authorization: Bearer
         _private_dir(self.state_path)
+        self.keystore: KeyStore = FileKeyStore(self.state_path) if keystore is None else keystore
         self._lock_fd = os.open(self.state_path / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
         self.states: dict[str, MemoState | None] = {}
         self.spent_reports: dict[str, int] = {}   # memoryless attribute -> reports made
@@ -397,7 +401,7 @@ class Device:
     def _check_or_write_identity(self) -> None:
         """Check ``device.json`` (the campaign id; per-scope fingerprints, checked per attribute by :meth:`_refresh`)
         and that a ledger exists wherever state does; a new directory gets an empty ledger, then its identity."""
-        state_files = sorted(p.name for p in self.state_path.glob("*.npz"))
+        state_files = sorted(p.name for pat in ("*.npz", "*.key") for p in self.state_path.glob(pat))
         if not self._ident_path.exists():
             ledger = self._load_budget_raw() if self._budget_path.exists() else {}
             used = any(ledger.get(k) for k in (*self._LEDGER, "keyed", "retired"))
@@ -527,12 +531,22 @@ class Device:
                 self._broken_file(scope, path, "is missing")
                 return None
             st = proto.new_state(1)  # secret key from the OS CSPRNG; recorded in the ledger at its first report
-            st.save(path)
+            self._save_memo(name, st, new_key=True)
             return st
         try:
             st = MemoState.load(path, fingerprint=proto.fingerprint)
             if st.n_devices != 1:
                 raise InvalidState(f"{path} holds {st.n_devices} devices, a device state holds 1")
+            key = self.keystore.get(self._key_name(name))
+            if key is None and st.keys.any():  # an older SDK kept the key in the memo file: move it
+                self._save_memo(name, st, new_key=True)
+            elif key is None:
+                raise InvalidState(f"its key {self._key_name(name)!r} is missing from the key store")
+            else:
+                if len(key) != st.keys.nbytes:
+                    raise InvalidState(f"its key {self._key_name(name)!r} in the key store has {len(key)} bytes, "
+                                       f"not {st.keys.nbytes}")
+                st.keys = np.frombuffer(key, dtype="<u4").astype(np.uint32).reshape(st.keys.shape)
         except _LOAD_ERRORS as exc:
             self._broken_file(scope, path, f"cannot be used ({type(exc).__name__}: {exc})")
             return None
@@ -540,6 +554,16 @@ class Device:
             self._broken_file(scope, path, "holds another key than the one the ledger recorded")
             return None
         return st
+
+    @staticmethod
+    def _key_name(attribute: str) -> str:
+        return f"memo.{attribute}"
+
+    def _save_memo(self, name: str, st: MemoState, new_key: bool = False) -> None:
+        """Write a memo state: its key through the key store (``new_key``: first), the bitset to the memo file."""
+        if new_key:
+            self.keystore.put(self._key_name(name), st.keys.astype("<u4").tobytes())
+        dataclasses.replace(st, keys=np.zeros_like(st.keys)).save(self._memo_path(name))
 
     def _load_or_create_group(self, group: Group) -> MultiState | None:
         scope = f"g:{group.name}"
@@ -842,7 +866,7 @@ class Device:
                 self._save_budget(groups=dict(self.group_reports, **{name: 1}), keyed=keyed, retired=retired)
             elif proto.memo_size:
                 mst = proto.new_state(1)
-                mst.save(self._memo_path(name))
+                self._save_memo(name, mst, new_key=True)
                 self.states[name] = mst
                 self._changed(self._memo_path(name))
                 keyed[scope] = _key_id(mst)
@@ -906,7 +930,7 @@ class Device:
         new_cost = float(proto.longitudinal_loss(count + 1)) - float(proto.longitudinal_loss(count))
         if count < new_slots[attribute] and self._fits(self._loss(), new_cost):
             self._save_budget(slots=new_slots, keyed=keyed)  # reserve first: a crash may over-count only
-            trial.save(self._memo_path(attribute))
+            self._save_memo(attribute, trial)
             self.states[attribute] = trial
             self._changed(self._memo_path(attribute))
             self._save_budget(last=dict(self.last_values, **{attribute: v}))

@@ -40,7 +40,7 @@ def _payload(dev: Device, attr: str, value: int, t: int = 0) -> str:
     return dev.report(attr, value, t=t)["payload"]
 
 
-@pytest.mark.parametrize("damage", ["delete", "truncate", "foreign"])
+@pytest.mark.parametrize("damage", ["delete", "truncate", "foreign", "key"])
 def test_a_damaged_memo_file_refuses_the_attribute_and_sends_nothing(tmp_path, damage):
     camp = _campaign(BITS, CLICK)
     path = tmp_path / "dev"
@@ -49,10 +49,12 @@ def test_a_damaged_memo_file_refuses_the_attribute_and_sends_nothing(tmp_path, d
     memo = path / "bits.memo.npz"
     if damage == "delete":
         memo.unlink()
+    elif damage == "key":
+        (path / "memo.bits.key").unlink()
     elif damage == "truncate":
         memo.write_bytes(memo.read_bytes()[:40])
-    else:
-        camp.attribute("bits").protocol.new_state(1).save(memo)  # right protocol, another key
+    else:  # right protocol, another key (in the default FileKeyStore)
+        (path / "memo.bits.key").write_bytes(os.urandom(32))
     with Device(camp, path) as dev:
         with pytest.raises(DeviceStateError, match="bits.memo.npz") as exc:
             dev.report("bits", 3, t=1)
@@ -226,3 +228,39 @@ def test_campaign_evolves_without_re_keying(tmp_path):
     # removing an attribute keeps its loss counted
     with Device(_campaign({**BITS, "eps_inf": 3.0}, VER), path) as dev:
         assert dev.reserved_loss() == pytest.approx(end)
+
+
+class _MemoryKeyStore:
+    """An app's key store (here a dict), as an OS keystore adapter would be."""
+
+    def __init__(self) -> None:
+        self.secrets: dict[str, bytes] = {}
+
+    def get(self, name: str) -> bytes | None:
+        return self.secrets.get(name)
+
+    def put(self, name: str, secret: bytes) -> None:
+        self.secrets[name] = bytes(secret)
+
+
+def test_keys_go_through_the_key_store(tmp_path):
+    from producers.keystore import KeyStore
+    store = _MemoryKeyStore()
+    assert isinstance(store, KeyStore)
+    camp = _campaign(BITS)
+    path = tmp_path / "dev"
+    with Device(camp, path, keystore=store) as dev:
+        first = _payload(dev, "bits", 3)
+    assert len(store.secrets["memo.bits"]) == 32 and not list(path.glob("*.key"))
+    from estimators.memo import MemoState
+    assert not MemoState.load(path / "bits.memo.npz").keys.any()  # no key in the memo file
+    with Device(camp, path, keystore=store) as dev:
+        assert _payload(dev, "bits", 3, t=1) == first
+    with Device(camp, path, keystore=_MemoryKeyStore()) as dev:  # the key store lost the key
+        with pytest.raises(DeviceStateError, match="missing from the key store"):
+            dev.report("bits", 3, t=2)
+    # the default FileKeyStore: one 0600 file per key in the state directory
+    with Device(camp, tmp_path / "files") as dev:
+        _payload(dev, "bits", 3)
+    key = tmp_path / "files" / "memo.bits.key"
+    assert key.stat().st_size == 32 and stat.S_IMODE(key.stat().st_mode) == 0o600
