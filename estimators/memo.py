@@ -107,8 +107,9 @@ class MemoState:
             raise InvalidState(
                 f"{path} is a version-{header.get('version')} memo state file; this release reads version "
                 f"{_VERSION} only. Version 1 held 64-bit keys of a non-cryptographic generator, which a server "
-                "could recover from linked reports: its devices cannot be kept private. Delete the file to start "
-                "the devices anew (new keys, nothing memoized).")
+                "could recover from linked reports: its devices cannot be kept private. A device SDK refuses to "
+                "report the attribute until Device.reset(attribute, accept_privacy_loss=True) starts it anew with "
+                "a new key whose loss is counted; a simulated fleet starts from a new state directory.")
         n, m = header["n_devices"], header["memo_size"]
         if keys.dtype != np.uint32 or keys.shape != (n, KEY_WORDS) or seen.shape != (n, (m + 7) // 8):
             raise InvalidState(f"{path}: arrays do not match the header")

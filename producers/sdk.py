@@ -11,15 +11,40 @@ dev.send_group("device", {"dark_mode": 1, "language": 3, "screen": 17})   # a [[
 
 State directory (``state_path``)::
 
-    device.json        # campaign id and fingerprint the state belongs to
-    <attr>.memo.npz    # one MemoState of a single device per memoizing attribute (atomic writes)
+    device.json        # campaign id, one fingerprint per attribute and group, "a ledger exists"
+    <attr>.memo.npz    # one MemoState of a single device per memoizing attribute (atomic writes), its key zeroed
+    memo.<attr>.key    # that attribute's 256-bit memo key (default FileKeyStore; ``keystore=``: an OS keystore)
     <group>.group.npz  # one MultiState of a single device per group (atomic writes): memo keys and
                        # marks per attribute, the sampled attribute, the fixed fake inputs
     budget.json        # the budget ledger (atomic writes): reports spent by memoryless attributes,
                        # memo slots reserved by memoizing ones, the value each memoizing
                        # attribute last reported (the value a frozen attribute keeps reporting),
-                       # and the group reports reserved per group
+                       # and the group reports reserved per group; the key id of every attribute and
+                       # group that has reported, the loss its resets retired, each scope's reserved loss
     .lock              # flock: one Device at a time per state directory
+
+The directory is created with mode 0700 (an existing one is tightened to it), its files 0600.
+
+Device state
+------------
+A device never reports with a key it cannot account for (``docs/privacy.md``, "Device state fails
+closed"). The ledger records the id of an attribute's (a group's) key before the first report that
+uses it leaves the SDK; a memo or group file the ledger names that is missing, truncated, unreadable
+or holds another key, protocol or sampled attribute makes :meth:`Device.report` /
+:meth:`Device.report_group` raise :class:`DeviceStateError` for that attribute (nothing randomized,
+saved or sent; the other attributes go on). A lost ledger or identity next to existing state
+refuses the whole device. :meth:`Device.reset` with ``accept_privacy_loss=True`` is the only way on
+for one attribute: the old key's reserved loss stays in the ledger (``retired``) and the fresh
+key's first memo slot (ε∞), or a fresh group state's first step, is reserved at once; the first
+report after it reserves one more slot, as every report does (an over-count by at most one ε∞).
+
+*Campaigns evolve.* ``device.json`` records a fingerprint per attribute and per group
+(``proto.fingerprint`` / ``solution.fingerprint``: protocol, k, ε and the other protocol
+parameters; not the step length, retention or labels). Adding or removing an attribute keeps every
+other one's keys, memo state and ledger; a removed attribute's recorded loss stays counted. An
+attribute whose fingerprint changed after it reported is a new attribute: refused with
+:class:`DeviceStateError` until :meth:`Device.reset`; one that never reported takes the new
+fingerprint silently.
 
 Lifetime privacy budget
 -----------------------
@@ -81,9 +106,11 @@ frequency (and ``phi`` in total variation); it is zero when frozen devices' valu
 fact move, and it grows as the population drifts away from what the frozen devices hold.
 
 *Crash safety.* The ledger is written *before* a report leaves :meth:`Device.report`, and a new
-memoization is written as: ledger with the reserved slot, memo state, ledger with the new last
-value. A crash can only over-count the reservation, never under-count it, and the recorded last
-value is always a memoized one.
+memoization is written as: ledger with the reserved slot (and the key id), memo state, ledger with
+the new last value. A crash can only over-count the reservation, never under-count it, and the
+recorded last value is always a memoized one. A fresh key is saved to its memo file before the
+ledger names it, so a crash before the first report leaves an unused key (used again) or none
+(drawn again: nothing was sent with it).
 
 *Older state.* A state directory written before this rule has no slots or last values: its slots
 start at its memoized count, and until a memoizing attribute has reported once under this SDK it
@@ -153,11 +180,13 @@ from __future__ import annotations
 
 import dataclasses
 import fcntl
+import hashlib
 import json
 import operator
 import os
 import urllib.error
 import urllib.request
+import zipfile
 from collections.abc import Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -169,6 +198,7 @@ from estimators import MemoState, MultiState
 from estimators.base import FrequencyProtocol
 from estimators.errors import InvalidState, LDPError
 from estimators.fileio import atomic_write
+from producers.keystore import FileKeyStore, KeyStore
 from wire.campaign import Campaign, CampaignError, Group, step_at
 from wire.single_report import check_step, encode_single_report
 
@@ -176,6 +206,7 @@ __all__ = ["Device", "BudgetExceeded", "IngestError", "DeviceStateError"]
 
 _DEVICE_FORMAT = "ldp-stream/device"
 _TOL = 1e-9
+_LOAD_ERRORS = (InvalidState, OSError, ValueError, KeyError, EOFError, TypeError, zipfile.BadZipFile)
 
 
 class BudgetExceeded(LDPError):
@@ -203,12 +234,34 @@ class IngestError(LDPError):
 
 
 class DeviceStateError(LDPError):
-    """A state directory that does not belong to this campaign or cannot be read."""
+    """A state directory (or one attribute's state in it) that does not belong to this campaign, is
+    missing, or cannot be read: the device refuses to report what it cannot account for."""
+
+
+def _private_dir(path: Path) -> None:
+    """Create the state directory with mode 0700, or tighten an existing one to 0700 (files are 0600)."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if os.stat(path).st_mode & 0o077:
+        os.chmod(path, 0o700)
 
 
 def _copy_state(st: MemoState) -> MemoState:
     """A scratch copy to randomize on: the real state only changes once the budget agrees."""
     return dataclasses.replace(st, keys=st.keys.copy(), seen=st.seen.copy())
+
+
+def _key_id(st: MemoState | MultiState, with_sampled: bool = False) -> str:
+    """Short hash of a state's secrets (memo keys; a group's fixed sampled attribute and fake inputs):
+    the ledger records it, so a memo or group file of another key is told from the device's own."""
+    h = hashlib.sha256()
+    if isinstance(st, MemoState):
+        h.update(np.ascontiguousarray(st.keys).tobytes())
+    else:
+        for m in st.memos:
+            h.update(b"-" if m is None else np.ascontiguousarray(m.keys).tobytes())
+        for arr in (st.fake, st.sampled if with_sampled else None):
+            h.update(b"-" if arr is None else np.ascontiguousarray(arr).tobytes())
+    return h.hexdigest()[:32]
 
 
 def _count(st: MemoState) -> int:
@@ -240,7 +293,8 @@ class Device:
     """
 
     def __init__(self, campaign: Campaign, state_path: str | Path, budget_eps: float | None = None,
-                 ingest_url: str | None = None, *, timeout: float = 10.0, token: str | None = None) -> None:
+                 ingest_url: str | None = None, *, timeout: float = 10.0, token: str | None = None,
+                 keystore: KeyStore | None = None) -> None:
         if budget_eps is not None and not budget_eps >= 0:
             raise ValueError(f"budget_eps must be >= 0 or None, got {budget_eps}")
         if budget_eps is not None:
@@ -258,7 +312,8 @@ class Device:
         self.ingest_url = ingest_url
         self.timeout = timeout
         self.token = token  # the device's ingest token (`ldp tokens issue`), sent as Authorization: Bearer
-        self.state_path.mkdir(parents=True, exist_ok=True)
+        _private_dir(self.state_path)
+        self.keystore: KeyStore = FileKeyStore(self.state_path) if keystore is None else keystore
         self._lock_fd = os.open(self.state_path / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
         self.states: dict[str, MemoState | None] = {}
         self.spent_reports: dict[str, int] = {}   # memoryless attribute -> reports made
@@ -266,6 +321,12 @@ class Device:
         self.last_values: dict[str, int] = {}     # memoizing attribute -> value last reported
         self.group_states: dict[str, MultiState] = {}  # group -> its solution's state of this device
         self.group_reports: dict[str, int] = {}   # group -> group steps reserved
+        self.keyed: dict[str, str] = {}           # "a:<attr>" / "g:<group>" -> key id of a state that reported
+        self.retired: dict[str, float] = {}       # scope -> loss of the keys/versions it reset (stays counted)
+        self.recorded: dict[str, float] = {}      # scope -> its reserved loss at the last ledger write
+        self.fingerprints: dict[str, str] = {}    # scope -> protocol/solution fingerprint (device.json)
+        self._broken: dict[str, str] = {}         # scope -> why it cannot report (DeviceStateError message)
+        self._changed_scopes: set[str] = set()    # scopes whose protocol/solution changed since they reported
         self._seen_files: dict[Path, tuple[int, int] | None] = {}
         with self._locked():
             self._check_or_write_identity()
@@ -309,21 +370,68 @@ class Device:
     def _budget_path(self) -> Path:
         return self.state_path / "budget.json"
 
+    @property
+    def _ident_path(self) -> Path:
+        return self.state_path / "device.json"
+
+    def _scopes(self) -> dict[str, str]:
+        """Every scope of the campaign (``a:<attribute>`` ungrouped, ``g:<group>``) -> its fingerprint."""
+        out = {f"a:{n}": self.campaign.attributes[n].protocol.fingerprint for n in self.campaign.ungrouped}
+        out.update({f"g:{g.name}": g.solution.fingerprint for g in self.campaign.groups.values()})
+        return out
+
+    def _write_identity(self, fingerprints: dict[str, str]) -> None:
+        ident = {"format": _DEVICE_FORMAT, "campaign": self.campaign.id, "ledger": True,
+                 "fingerprints": dict(sorted(fingerprints.items()))}
+        atomic_write(self._ident_path, json.dumps(ident).encode())
+        self.fingerprints = dict(fingerprints)
+        self._changed(self._ident_path)
+
+    def _read_identity(self) -> dict[str, Any]:
+        try:
+            old = json.loads(self._ident_path.read_text())
+            if not isinstance(old, dict):
+                raise ValueError("not a JSON object")
+            return old
+        except (OSError, ValueError) as exc:
+            raise DeviceStateError(f"cannot read {self._ident_path} ({exc}): the device cannot tell which attributes "
+                                   "its state belongs to; it refuses to report rather than start again with new keys "
+                                   "(a new device: a new state directory and a new token)") from exc
+
     def _check_or_write_identity(self) -> None:
-        path = self.state_path / "device.json"
-        ident = {"format": _DEVICE_FORMAT, "campaign": self.campaign.id, "fingerprint": self.campaign.fingerprint}
-        if path.exists():
-            try:
-                old = json.loads(path.read_text())
-            except (OSError, ValueError) as exc:
-                raise DeviceStateError(f"cannot read {path}: {exc}") from exc
-            if old.get("campaign") != ident["campaign"] or old.get("fingerprint") != ident["fingerprint"]:
+        """Check ``device.json`` (the campaign id; per-scope fingerprints, checked per attribute by :meth:`_refresh`)
+        and that a ledger exists wherever state does; a new directory gets an empty ledger, then its identity."""
+        state_files = sorted(p.name for pat in ("*.npz", "*.key") for p in self.state_path.glob(pat))
+        if not self._ident_path.exists():
+            ledger = self._load_budget_raw() if self._budget_path.exists() else {}
+            used = any(ledger.get(k) for k in (*self._LEDGER, "keyed", "retired"))
+            if used or state_files:
                 raise DeviceStateError(
-                    f"{self.state_path} holds the state of campaign {old.get('campaign')!r} "
-                    f"(fingerprint {old.get('fingerprint')}), not {self.campaign.id!r} ({self.campaign.fingerprint}); "
-                    "a device must keep its memo state for the campaign's lifetime, use another directory")
-        else:
-            atomic_write(path, json.dumps(ident).encode())
+                    f"{self._ident_path} is missing but {self.state_path} holds device state "
+                    f"({', '.join(state_files) or 'budget.json'}): the device cannot check which attributes it belongs "
+                    "to and refuses to report; no recovery keeps the loss counted (a new device: a new state directory "
+                    "and a new token)")
+            if not self._budget_path.exists():  # the ledger first: device.json says that one exists
+                atomic_write(self._budget_path, json.dumps(self._ledger_data()).encode())
+            self._write_identity(self._scopes())
+            return
+        old = self._read_identity()
+        if old.get("campaign") != self.campaign.id:
+            raise DeviceStateError(
+                f"{self.state_path} holds the state of campaign {old.get('campaign')!r}, not {self.campaign.id!r}; "
+                "a device must keep its memo state for the campaign's lifetime, use another directory")
+        if "fingerprints" not in old:  # an older SDK's identity: one campaign-wide fingerprint
+            if old.get("fingerprint") != self.campaign.fingerprint:
+                raise DeviceStateError(
+                    f"{self.state_path} holds the state of campaign {old.get('campaign')!r} (fingerprint "
+                    f"{old.get('fingerprint')}, written by an older SDK), not {self.campaign.fingerprint}: the "
+                    "per-attribute fingerprints cannot be recovered; open it with the campaign that wrote it once")
+            self._write_identity(self._scopes())
+        if not self._budget_path.exists():
+            raise DeviceStateError(
+                f"{self._budget_path} (the privacy ledger) is missing while {self._ident_path} says it exists: the loss "
+                "this device has spent is unknown, so it refuses to report; no recovery keeps the loss counted "
+                "(a new device: a new state directory and a new token)")
 
     def _changed(self, path: Path) -> bool:
         """True if ``path`` was replaced since we last read it (atomic writes change the inode)."""
@@ -339,79 +447,201 @@ class Device:
 
     def _refresh(self) -> None:
         """Re-read whatever another Device on the same directory changed (call under the lock)."""
+        meta = False
+        if self._changed(self._ident_path):
+            if not self._ident_path.exists():
+                raise DeviceStateError(f"{self._ident_path} was removed: the device refuses to report")
+            fps = self._read_identity().get("fingerprints")
+            if not isinstance(fps, dict):
+                raise DeviceStateError(f"{self._ident_path} has no per-attribute fingerprints")
+            self.fingerprints = {str(k): str(v) for k, v in fps.items()}
+            meta = True
+        if self._changed(self._budget_path):
+            if not self._budget_path.exists():
+                raise DeviceStateError(
+                    f"{self._budget_path} (the privacy ledger) was removed: the loss this device has spent is unknown, "
+                    "so it refuses to report; no recovery keeps the loss counted (a new device: a new state "
+                    "directory and a new token)")
+            self._set_ledger(self._load_budget_raw())
+            meta = True
+        new = {s: fp for s, fp in self._scopes().items() if s not in self.fingerprints}
+        if new:  # attributes added to the campaign: their fingerprints are recorded before any state
+            self._write_identity({**self.fingerprints, **new})
         for name in self.campaign.ungrouped:
             proto = self.campaign.attributes[name].protocol
-            if proto.memo_size == 0:
-                self.states[name] = None
-            elif self._changed(self._memo_path(name)) or name not in self.states:
+            path = self._memo_path(name)
+            if self._changed(path) or meta or name not in self.states:
                 self.states[name] = self._load_or_create(name, proto)
-                self._changed(self._memo_path(name))
+                self._changed(path)
         for group in self.campaign.groups.values():
             path = self._group_path(group.name)
-            if self._changed(path) or group.name not in self.group_states:
-                self.group_states[group.name] = self._load_or_create_group(group)
+            if self._changed(path) or meta or group.name not in self.group_states:
+                st = self._load_or_create_group(group)
+                if st is not None:
+                    self.group_states[group.name] = st
                 self._changed(path)
-        if self._changed(self._budget_path):
-            self.spent_reports, self.memo_slots, self.last_values, self.group_reports = self._load_budget()
+
+    def _used(self, scope: str) -> bool:
+        """True once the scope has reported (its loss is in the ledger): its state may no longer be replaced."""
+        kind, name = scope.split(":", 1)
+        if scope in self.keyed:
+            return True
+        if kind == "a":
+            return self.spent_reports.get(name, 0) > 0 or self.memo_slots.get(name, 0) > 0
+        return self.group_reports.get(name, 0) > 0
+
+    def _check_fingerprint(self, scope: str, fingerprint: str) -> bool:
+        """False (and the scope marked broken) if its protocol changed after it reported; a scope that never
+        reported takes the new fingerprint silently."""
+        self._broken.pop(scope, None)
+        self._changed_scopes.discard(scope)
+        if self.fingerprints.get(scope) == fingerprint:
+            return True
+        if not self._used(scope):
+            self._write_identity({**self.fingerprints, scope: fingerprint})
+            return True
+        kind, name = scope.split(":", 1)
+        what = "attribute" if kind == "a" else "group"
+        self._changed_scopes.add(scope)
+        self._broken[scope] = (
+            f"{what} {name!r} changed (protocol, domain or ε: fingerprint {self.fingerprints.get(scope)} in "
+            f"{self._ident_path}, {fingerprint} in the campaign): it is a new {what} with new keys, refused until "
+            f"Device.reset({name!r}{', group=True' if kind == 'g' else ''}, accept_privacy_loss=True) starts it anew; its "
+            f"ε is then counted in the lifetime budget and the {self.recorded.get(scope, 0.0):.4g} the old one spent stays "
+            "in the ledger")
+        return False
+
+    def _broken_file(self, scope: str, path: Path, problem: str) -> None:
+        kind, name = scope.split(":", 1)
+        cost = ("a fresh key whose first memoized value costs a new ε∞, counted in the lifetime budget" if kind == "a"
+                else "a fresh group state (keys, sampled attribute, fake inputs) whose loss is counted again")
+        self._broken[scope] = (
+            f"{path} {problem}, but the ledger {self._budget_path} shows this {'attribute' if kind == 'a' else 'group'} "
+            f"has reported with it: reporting with a new state would re-randomize memoized values (an averaging "
+            f"attack) without counting the loss, so nothing is sent. Restore the file, or call "
+            f"Device.reset({name!r}{', group=True' if kind == 'g' else ''}, accept_privacy_loss=True): {cost}")
 
     def _load_or_create(self, name: str, proto: FrequencyProtocol) -> MemoState | None:
-        if proto.memo_size == 0:
+        scope = f"a:{name}"
+        if not self._check_fingerprint(scope, proto.fingerprint) or proto.memo_size == 0:
             return None
         path = self._memo_path(name)
-        if path.exists():
-            try:
-                st = MemoState.load(path, fingerprint=proto.fingerprint)
-            except InvalidState as exc:
-                raise DeviceStateError(str(exc)) from exc
-            if st.n_devices != 1:
-                raise DeviceStateError(f"{path} holds {st.n_devices} devices, a device state holds 1")
+        if not path.exists():
+            if scope in self.keyed:
+                self._broken_file(scope, path, "is missing")
+                return None
+            st = proto.new_state(1)  # secret key from the OS CSPRNG; recorded in the ledger at its first report
+            self._save_memo(name, st, new_key=True)
             return st
-        st = proto.new_state(1)  # secret key from the OS CSPRNG
-        st.save(path)
+        try:
+            st = MemoState.load(path, fingerprint=proto.fingerprint)
+            if st.n_devices != 1:
+                raise InvalidState(f"{path} holds {st.n_devices} devices, a device state holds 1")
+            key = self.keystore.get(self._key_name(name))
+            if key is None and st.keys.any():  # an older SDK kept the key in the memo file: move it
+                self._save_memo(name, st, new_key=True)
+            elif key is None:
+                raise InvalidState(f"its key {self._key_name(name)!r} is missing from the key store")
+            else:
+                if len(key) != st.keys.nbytes:
+                    raise InvalidState(f"its key {self._key_name(name)!r} in the key store has {len(key)} bytes, "
+                                       f"not {st.keys.nbytes}")
+                st.keys = np.frombuffer(key, dtype="<u4").astype(np.uint32).reshape(st.keys.shape)
+        except _LOAD_ERRORS as exc:
+            self._broken_file(scope, path, f"cannot be used ({type(exc).__name__}: {exc})")
+            return None
+        if scope in self.keyed and self.keyed[scope] != _key_id(st):
+            self._broken_file(scope, path, "holds another key than the one the ledger recorded")
+            return None
         return st
 
-    def _load_or_create_group(self, group: Group) -> MultiState:
+    @staticmethod
+    def _key_name(attribute: str) -> str:
+        return f"memo.{attribute}"
+
+    def _save_memo(self, name: str, st: MemoState, new_key: bool = False) -> None:
+        """Write a memo state: its key through the key store (``new_key``: first), the bitset to the memo file."""
+        if new_key:
+            self.keystore.put(self._key_name(name), st.keys.astype("<u4").tobytes())
+        dataclasses.replace(st, keys=np.zeros_like(st.keys)).save(self._memo_path(name))
+
+    def _load_or_create_group(self, group: Group) -> MultiState | None:
+        scope = f"g:{group.name}"
+        self.group_states.pop(group.name, None)
+        if not self._check_fingerprint(scope, group.solution.fingerprint):
+            return None
         path = self._group_path(group.name)
-        if path.exists():
-            try:
-                st = MultiState.load(path, solution=group.solution)  # checks the solution's fingerprint
-            except InvalidState as exc:
-                raise DeviceStateError(str(exc)) from exc
-            if st.n_devices != 1:
-                raise DeviceStateError(f"{path} holds {st.n_devices} devices, a device state holds 1")
+        if not path.exists():
+            if scope in self.keyed:
+                self._broken_file(scope, path, "is missing")
+                return None
+            st = group.solution.new_state(1)  # keys, sampled attribute, fake inputs from the OS CSPRNG
+            st.save(path)
             return st
-        st = group.solution.new_state(1)  # keys, sampled attribute, fake inputs from the OS CSPRNG
-        st.save(path)
+        try:
+            st = MultiState.load(path, solution=group.solution)  # checks the solution's fingerprint
+            if st.n_devices != 1:
+                raise InvalidState(f"{path} holds {st.n_devices} devices, a device state holds 1")
+        except _LOAD_ERRORS as exc:
+            self._broken_file(scope, path, f"cannot be used ({type(exc).__name__}: {exc})")
+            return None
+        if scope in self.keyed and self.keyed[scope] != self._group_key_id(group.name, st):
+            self._broken_file(scope, path, "holds other keys or another sampled attribute than the ledger recorded")
+            return None
         return st
+
+    def _group_key_id(self, group: str, st: MultiState) -> str:
+        return _key_id(st, with_sampled=self.campaign.groups[group].solution.sampling == "fixed")
+
+    def _usable(self, scope: str) -> None:
+        """Raise :class:`DeviceStateError` (nothing randomized, saved or sent) if the scope cannot report."""
+        if scope in self._broken:
+            raise DeviceStateError(self._broken[scope])
 
     _LEDGER = ("spent_reports", "memo_slots", "last_values", "group_reports")
 
-    def _load_budget(self) -> tuple[dict[str, int], dict[str, int], dict[str, int], dict[str, int]]:
+    def _load_budget_raw(self) -> dict[str, Any]:
         path = self._budget_path
-        if not path.exists():
-            return {}, {}, {}, {}
         try:
             data = json.loads(path.read_text())
-            return tuple({str(k): int(v) for k, v in data.get(key, {}).items()}  # type: ignore[return-value]
-                         for key in self._LEDGER)
+            out: dict[str, Any] = {key: {str(k): int(v) for k, v in data.get(key, {}).items()} for key in self._LEDGER}
+            out["keyed"] = {str(k): str(v) for k, v in data.get("keyed", {}).items()}
+            out["retired"] = {str(k): float(v) for k, v in data.get("retired", {}).items()}
+            out["recorded"] = {str(k): float(v) for k, v in data.get("recorded", {}).items()}
+            return out
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise DeviceStateError(f"cannot read {path}: {exc}") from exc
+            raise DeviceStateError(f"cannot read {path} (the privacy ledger): {exc}; the device refuses to report "
+                                   "(the loss it has spent is unknown)") from exc
+
+    def _set_ledger(self, data: dict[str, Any]) -> None:
+        self.spent_reports, self.memo_slots, self.last_values, self.group_reports = (
+            dict(data[k]) for k in self._LEDGER)
+        self.keyed, self.retired, self.recorded = dict(data["keyed"]), dict(data["retired"]), dict(data["recorded"])
+
+    def _ledger_data(self) -> dict[str, Any]:
+        return {"campaign": self.campaign.id, "spent_reports": self.spent_reports, "memo_slots": self.memo_slots,
+                "last_values": self.last_values, "group_reports": self.group_reports, "keyed": self.keyed,
+                "retired": self.retired, "recorded": self.recorded}
 
     def _save_budget(self, spent: dict[str, int] | None = None, slots: dict[str, int] | None = None,
-                     last: dict[str, int] | None = None, groups: dict[str, int] | None = None) -> None:
-        """Write the ledger (the parts not given are kept) and make it this object's view."""
-        spent = self.spent_reports if spent is None else spent
-        slots = self.memo_slots if slots is None else slots
-        last = self.last_values if last is None else last
-        groups = self.group_reports if groups is None else groups
-        if (spent, slots, last, groups) == (self.spent_reports, self.memo_slots, self.last_values,
-                                            self.group_reports) and self._budget_path.exists():
+                     last: dict[str, int] | None = None, groups: dict[str, int] | None = None,
+                     keyed: dict[str, str] | None = None, retired: dict[str, float] | None = None) -> None:
+        """Write the ledger (the parts not given are kept) and make it this object's view; each scope's
+        reserved loss is recorded too, so it stays counted once the scope is removed or changed."""
+        old = self._ledger_data()
+        for key, val in zip((*self._LEDGER, "keyed", "retired"), (spent, slots, last, groups, keyed, retired)):
+            if val is not None:
+                setattr(self, key, dict(val))
+        rec = dict(self.recorded)
+        for scope in self._scopes():
+            if scope not in self._changed_scopes:
+                kind, name = scope.split(":", 1)
+                rec[scope] = self._attr_reserved(name) if kind == "a" else self._group_reserved(name)
+        self.recorded = rec
+        data = self._ledger_data()
+        if data == old and self._budget_path.exists():
             return
-        data = {"campaign": self.campaign.id, "spent_reports": spent, "memo_slots": slots, "last_values": last,
-                "group_reports": groups}
         atomic_write(self._budget_path, json.dumps(data).encode())
-        self.spent_reports, self.memo_slots, self.last_values = dict(spent), dict(slots), dict(last)
-        self.group_reports = dict(groups)
         self._changed(self._budget_path)
 
     # ------------------------------------------------------------------ accounting
@@ -434,7 +664,9 @@ class Device:
 
     def _group_steps(self, group: str) -> int:
         """Group steps reserved (at least the real reports of any attribute in the state, a lower bound)."""
-        st = self.group_states[group]
+        st = self.group_states.get(group)
+        if st is None:  # broken: the ledger alone
+            return self.group_reports.get(group, 0)
         return max(self.group_reports.get(group, 0), int(st.reported.max()) if st.reported.size else 0)
 
     def _group_bound(self, group: str, steps: int) -> float:
@@ -447,36 +679,50 @@ class Device:
         return steps * float(sol.eps_first)
 
     def _group_reserved(self, group: str) -> float:
-        return self._group_bound(group, self._group_steps(group))
+        """Reserved loss of a group's current state and version, plus what its resets retired."""
+        return self._version_reserved(f"g:{group}") + self.retired.get(f"g:{group}", 0.0)
+
+    def _version_reserved(self, scope: str) -> float:
+        """Reserved loss of a scope's current key and version (a changed one: what the ledger recorded)."""
+        kind, name = scope.split(":", 1)
+        if scope in self._changed_scopes:
+            return self.recorded.get(scope, 0.0) - self.retired.get(scope, 0.0)
+        if kind == "g":
+            return self._group_bound(name, self._group_steps(name))
+        proto = self.campaign.attribute(name).protocol
+        if proto.memo_size == 0:
+            return self.spent_reports.get(name, 0) * float(proto.eps_first)
+        return float(proto.longitudinal_loss(self._slots(name)))
 
     def _group_loss(self, group: str) -> float:
         """Actual loss of a group (value-dependent for longitudinal solutions: never decide on it visibly)."""
         sol = self.campaign.groups[group].solution
-        if sol.longitudinal:
-            return float(sol.longitudinal_loss(self.group_states[group])[0])
+        st = self.group_states.get(group)
+        if sol.longitudinal and st is not None and f"g:{group}" not in self._broken:
+            return float(sol.longitudinal_loss(st)[0]) + self.retired.get(f"g:{group}", 0.0)
         return self._group_reserved(group)
 
     def _attr_loss(self, name: str, memoized: int | None = None, spent: int | None = None) -> float:
         """Actual longitudinal loss of one attribute (value-dependent: never decide on it visibly)."""
         proto = self.campaign.attribute(name).protocol
-        st = self.states[name]
+        st = self.states.get(name)
+        if f"a:{name}" in self._broken:  # the memo cannot be read: its reservation bounds it
+            return self._attr_reserved(name)
+        retired = self.retired.get(f"a:{name}", 0.0)
         if st is None:
             reports = self.spent_reports.get(name, 0) if spent is None else spent
-            return reports * float(proto.eps_first)
+            return reports * float(proto.eps_first) + retired
         m = _count(st) if memoized is None else memoized
-        return float(proto.longitudinal_loss(m))
+        return float(proto.longitudinal_loss(m)) + retired
 
     def _slots(self, name: str) -> int:
         """Memo slots of a memoizing attribute (at least its memoized count: older state dirs)."""
-        st = self.states[name]
-        return 0 if st is None else max(self.memo_slots.get(name, 0), _count(st))
+        st = self.states.get(name)
+        return self.memo_slots.get(name, 0) if st is None else max(self.memo_slots.get(name, 0), _count(st))
 
     def _attr_reserved(self, name: str) -> float:
-        """Reserved loss of one attribute: depends on the schedule only."""
-        proto = self.campaign.attribute(name).protocol
-        if self.states[name] is None:
-            return self.spent_reports.get(name, 0) * float(proto.eps_first)
-        return float(proto.longitudinal_loss(self._slots(name)))
+        """Reserved loss of one attribute: depends on the schedule only (and what its resets retired)."""
+        return self._version_reserved(f"a:{name}") + self.retired.get(f"a:{name}", 0.0)
 
     def _reserved(self, attribute: str | None = None, group: str | None = None) -> float:
         if attribute is not None:
@@ -484,7 +730,12 @@ class Device:
         if group is not None:
             return self._group_reserved(group)
         return float(sum(self._attr_reserved(n) for n in self.campaign.ungrouped)
-                     + sum(self._group_reserved(g) for g in self.campaign.groups))
+                     + sum(self._group_reserved(g) for g in self.campaign.groups) + self._gone_loss())
+
+    def _gone_loss(self) -> float:
+        """Loss of the attributes and groups the campaign no longer has: stays counted, as the ledger recorded it."""
+        scopes = self._scopes()
+        return float(sum(v for k, v in self.recorded.items() if k not in scopes))
 
     def _fits(self, spent: float, cost: float) -> bool:
         return self.budget_eps is None or spent + cost <= self.budget_eps + _TOL
@@ -518,7 +769,7 @@ class Device:
         if group is not None:
             return self._group_loss(group)
         return float(sum(self._attr_loss(n) for n in self.campaign.ungrouped)
-                     + sum(self._group_loss(g) for g in self.campaign.groups))
+                     + sum(self._group_loss(g) for g in self.campaign.groups) + self._gone_loss())
 
     def reserved_loss(self, attribute: str | None = None, *, group: str | None = None) -> float:
         """Longitudinal ε reserved so far (>= :meth:`privacy_loss`, <= ``budget_eps``), scoped as
@@ -544,6 +795,7 @@ class Device:
         self._own(attribute)
         with self._locked():
             self._refresh()
+            self._usable(f"a:{attribute}")
         st = self.states[attribute]
         return 0 if st is None else _count(st)
 
@@ -564,6 +816,7 @@ class Device:
         self._own(attribute)
         with self._locked():
             self._refresh()
+            self._usable(f"a:{attribute}")
         st = self.states[attribute]
         if st is None:
             return False
@@ -576,6 +829,55 @@ class Device:
             return True
         new_cost = float(proto.longitudinal_loss(count + 1)) - float(proto.longitudinal_loss(count))
         return not self._fits(self._loss(), new_cost)
+
+    # ------------------------------------------------------------------ recovery
+    def reset(self, name: str, *, group: bool = False, accept_privacy_loss: bool = False) -> float:
+        """Start an attribute (``group=True``: a group) anew: a fresh key / group state from the OS CSPRNG.
+
+        The only way past a :class:`DeviceStateError` of one attribute (its memo or group file lost,
+        truncated or foreign, or its protocol changed). Its new key re-randomizes values the server has
+        seen under the old one, so the loss is counted: everything the attribute reserved stays in the
+        ledger, and the fresh key's first memo slot (ε∞; for a group, its first step: the new state's
+        worst case, the new sampled attribute's channel included) is reserved at once. Returns the
+        device's reserved loss after the reset. ``accept_privacy_loss`` must be True.
+        """
+        if accept_privacy_loss is not True:
+            raise ValueError("reset starts the attribute anew with a fresh key and counts its loss again: "
+                             "pass accept_privacy_loss=True")
+        if group:
+            g = self._group(name)
+            scope, fingerprint = f"g:{name}", g.solution.fingerprint
+        else:
+            proto = self._own(name)
+            scope, fingerprint = f"a:{name}", proto.fingerprint
+        with self._locked():
+            self._refresh()
+            retired = dict(self.retired, **{scope: self._version_reserved(scope) + self.retired.get(scope, 0.0)})
+            self._changed_scopes.discard(scope)
+            self._broken.pop(scope, None)
+            keyed = dict(self.keyed)
+            keyed.pop(scope, None)
+            if group:
+                st = g.solution.new_state(1)
+                st.save(self._group_path(name))  # the state first: until the ledger names it, it is refused
+                self.group_states[name] = st
+                self._changed(self._group_path(name))
+                keyed[scope] = self._group_key_id(name, st)
+                self._save_budget(groups=dict(self.group_reports, **{name: 1}), keyed=keyed, retired=retired)
+            elif proto.memo_size:
+                mst = proto.new_state(1)
+                self._save_memo(name, mst, new_key=True)
+                self.states[name] = mst
+                self._changed(self._memo_path(name))
+                keyed[scope] = _key_id(mst)
+                last = {k: v for k, v in self.last_values.items() if k != name}
+                self._save_budget(slots=dict(self.memo_slots, **{name: 1}), last=last, keyed=keyed, retired=retired)
+            else:
+                self.states[name] = None
+                self._save_budget(spent=dict(self.spent_reports, **{name: 0}), keyed=keyed, retired=retired)
+            if self.fingerprints.get(scope) != fingerprint:  # last: a crash before it leaves the scope refused
+                self._write_identity({**self.fingerprints, scope: fingerprint})
+            return self._reserved()
 
     # ------------------------------------------------------------------ reporting
     def current_step(self) -> int:
@@ -594,6 +896,7 @@ class Device:
             raise LDPError(f"value {value} of {attribute!r} is outside the domain [0, {proto.k})")
         with self._locked():
             self._refresh()
+            self._usable(f"a:{attribute}")  # a memo the ledger says reported, missing or foreign: nothing sent
             st = self.states[attribute]
             reserved = self._reserved()
             if st is None:
@@ -617,16 +920,17 @@ class Device:
             raise BudgetExceeded(attribute, reserved, grow if grow is not None else float("inf"),
                                  self.budget_eps or 0.0)
         new_slots = dict(self.memo_slots, **{attribute: slots + 1 if can_grow else slots})
+        keyed = dict(self.keyed, **{f"a:{attribute}": _key_id(st)})  # in the ledger before the first report leaves
         # 2. the value itself, if it is memoized or may be memoized now
         trial = _copy_state(st)
         reports = proto.randomize(np.array([v], dtype=np.int64), None, state=trial)
         if _count(trial) == count:  # already memoized: its PRR is reused, nothing spent
-            self._save_budget(slots=new_slots, last=dict(self.last_values, **{attribute: v}))
+            self._save_budget(slots=new_slots, last=dict(self.last_values, **{attribute: v}), keyed=keyed)
             return reports
         new_cost = float(proto.longitudinal_loss(count + 1)) - float(proto.longitudinal_loss(count))
         if count < new_slots[attribute] and self._fits(self._loss(), new_cost):
-            self._save_budget(slots=new_slots)  # reserve first: a crash may over-count only
-            trial.save(self._memo_path(attribute))
+            self._save_budget(slots=new_slots, keyed=keyed)  # reserve first: a crash may over-count only
+            self._save_memo(attribute, trial)
             self.states[attribute] = trial
             self._changed(self._memo_path(attribute))
             self._save_budget(last=dict(self.last_values, **{attribute: v}))
@@ -641,7 +945,7 @@ class Device:
         if _count(trial) != count:
             raise DeviceStateError(f"the last value of {attribute!r} in {self._budget_path} is not memoized "
                                    f"in {self._memo_path(attribute)}: the state directory is inconsistent")
-        self._save_budget(slots=new_slots)
+        self._save_budget(slots=new_slots, keyed=keyed)
         return reports
 
     def report(self, attribute: str, value: int, t: int | None = None) -> dict[str, Any]:
@@ -704,6 +1008,7 @@ class Device:
         step = check_step(self.current_step() if t is None else t)
         with self._locked():
             self._refresh()
+            self._usable(f"g:{group}")
             steps = self._group_steps(group)
             reserved = self._reserved()
             cost = self._group_bound(group, steps + 1) - self._group_bound(group, steps)
@@ -716,7 +1021,8 @@ class Device:
             objs = [encode_single_report(self.campaign, name, step, out.reports[j])
                     for j, name in enumerate(g.attributes) if len(out.reports[j])]
             # reserve first: a crash may over-count, never under-count
-            self._save_budget(groups=dict(self.group_reports, **{group: steps + 1}))
+            self._save_budget(groups=dict(self.group_reports, **{group: steps + 1}),
+                              keyed=dict(self.keyed, **{f"g:{group}": self._group_key_id(group, trial)}))
             trial.save(self._group_path(group))
             self.group_states[group] = trial
             self._changed(self._group_path(group))

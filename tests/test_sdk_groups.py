@@ -151,17 +151,22 @@ def test_group_state_persists_and_reloads_to_the_same_memoized_responses(tmp_pat
             np.testing.assert_array_equal(a.keys, b.keys)
         np.testing.assert_array_equal(saved.sampled, loaded.sampled)
         assert loaded.reported.sum() == 2 * saved.reported.sum()
-    # a state of another solution, or of several devices, is refused
+    # a state of another solution, or of several devices, in place of a group file the ledger says
+    # reported, is refused when the group reports (nothing sent), naming the file
     camp = _campaign(SOLUTIONS["L-SMP"][0])
     other = make_solution("L-SMP", ks=list(KS), protocol="L-GRR", eps_inf=1.0, eps_1=0.5)
-    (tmp_path / "other").mkdir()
-    other.new_state(1).save(tmp_path / "other" / "g.group.npz")
-    with pytest.raises(DeviceStateError, match="belongs to solution"):
-        Device(camp, tmp_path / "other")
-    (tmp_path / "two").mkdir()
-    camp.groups["g"].solution.new_state(2).save(tmp_path / "two" / "g.group.npz")
-    with pytest.raises(DeviceStateError, match="holds 2 devices"):
-        Device(camp, tmp_path / "two")
+    for name, st, match in [("other", other.new_state(1), "belongs to solution"),
+                            ("two", camp.groups["g"].solution.new_state(2), "holds 2 devices")]:
+        with Device(camp, tmp_path / name) as dev:
+            dev.report_group("g", [1, 2, 3], t=0)
+        st.save(tmp_path / name / "g.group.npz")
+        with Device(camp, tmp_path / name) as dev, pytest.raises(DeviceStateError, match=match):
+            dev.report_group("g", [1, 2, 3], t=1)
+    # state files without the device's identity and ledger are refused when the Device is built
+    (tmp_path / "bare").mkdir()
+    other.new_state(1).save(tmp_path / "bare" / "g.group.npz")
+    with pytest.raises(DeviceStateError, match="device.json is missing"):
+        Device(camp, tmp_path / "bare")
 
 
 def _run(dev: Device, schedule: list[tuple[str, object]]) -> list[str]:
