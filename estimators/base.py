@@ -98,6 +98,15 @@ class FrequencyProtocol(ABC):
         m = np.asarray(memoized)
         return np.where(m <= 0, 0.0, np.where(m == 1, self.eps_first, np.inf))
 
+    def longitudinal_bound(self, reports: int) -> float:
+        """Published worst-case longitudinal ε of a device after ``reports`` reports (the figure of
+        ``/status``, the estimate documents and ``ldp_eps_longitudinal_worst``): an upper bound on
+        the loss between two input sequences of that length with the same change pattern, against a
+        server that sees everything a report carries. By default the accounted loss of ``reports``
+        memoized inputs; LOLOHA and dBitFlipPM, whose memo cells depend on public seeds, override it
+        (docs/privacy.md, "Limit of the accounted longitudinal ε")."""
+        return float(self.longitudinal_loss(max(int(reports), 0)))
+
     @property
     def worst_case_loss(self) -> float:
         """Worst-case longitudinal ε on a device's values over an unbounded number of reports."""

@@ -169,7 +169,7 @@ def test_counts_exact_and_final_estimates(env):
         assert d["variance"] == pytest.approx(proto.variance(n_dev))
         assert d["ci95_halfwidth"] == pytest.approx(1.96 * math.sqrt(proto.variance(n_dev)))
         assert d["eps_1"] == pytest.approx(proto.eps_first) and d["eps_inf"] == pytest.approx(proto.eps_inf)
-        assert d["eps_longitudinal_worst"] == pytest.approx(float(proto.longitudinal_loss(t + 1)))
+        assert d["eps_longitudinal_worst"] == pytest.approx(float(proto.longitudinal_bound(t + 1)))
         assert d["steps_so_far"] == t + 1
         assert d["latency_seconds"] is not None and d["latency_seconds"] < 2.0
     opt = finals[("opt_in", 1)]
