@@ -160,6 +160,13 @@ class DBitFlipPM(PureProtocol):
         ``d >= b - 1``), so that the case map is injective."""
         return self.b == self.k and self.d >= self.b - 1
 
+    def public_cells(self, reports: np.ndarray, v: int) -> np.ndarray:
+        """The case of ``v`` on each device, read from the sampled buckets of its report: the index
+        ``l`` of the pair that names ``v``'s bucket, or ``d`` ("not sampled")."""
+        j = self._check_reports(reports).astype(np.int64) >> 1  # pair code 2 j + x
+        hit = j == int(self.bucket(np.array([v]))[0])
+        return np.where(hit.any(axis=1), hit.argmax(axis=1), self.d).astype(np.int64)
+
     def longitudinal_bound(self, reports: int) -> float:
         """Worst case after ``reports`` reports against a server that reads the sampled buckets in
         the reports: ``ε∞`` for one; for more, ``min(reports, b) ε∞`` when ``b = k`` and ``d >= b - 1`` and

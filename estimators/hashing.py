@@ -256,6 +256,10 @@ class LOLOHA(_HashedReports, GRRChain):
         knows which reports share a memoized PRR."""
         return grr_eps(self.p2, self.q2)
 
+    def public_cells(self, reports: np.ndarray, v: int) -> np.ndarray:
+        """``H_seed(v)``: the memo cell of ``v`` under each device's public hash seed."""
+        return self.hash_values(reports, v)
+
     def longitudinal_bound(self, reports: int) -> float:
         """Worst case against a seed-aware server after ``reports`` reports: ``ε1`` for one,
         ``reports · ε_IRR`` for more (:func:`estimators.seedaware.loloha_seed_aware_bound`).
