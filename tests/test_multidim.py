@@ -332,7 +332,10 @@ def test_longitudinal_accounting_matches_a_device_history(label: str, name: str,
     elif sol.sampling == "per-step":
         assert sol.eps_inf == pytest.approx(sum(c.eps_inf for c in sol.channels) if sol.longitudinal
                                             else sol.eps_first)
-    assert np.isinf(sol.worst_case_loss) != sol.longitudinal
+    # bounded only for longitudinal solutions whose channels' memo cells do not depend on public seeds:
+    # LOLOHA / dBitFlipPM channels are unbounded against a seed-aware server (issue 20.5)
+    seed_cells = any(c.name in ("LOLOHA", "dBitFlipPM") for c in sol.channels)
+    assert np.isinf(sol.worst_case_loss) == (not sol.longitudinal or seed_cells)
 
 
 def test_fixed_and_per_step_sampling_figures() -> None:
