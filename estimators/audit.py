@@ -17,33 +17,41 @@ Three rounds are audited (``round=``, :data:`ROUNDS`):
     response (PRR; Erlingsson, Pihur & Korolova, CCS 2014), from ``proto.memoized_outputs`` on a
     fresh device per trial, without the instantaneous round (IRR). ``E`` is
     ``proto.memoized_audit_event``; the theoretical value is ``proto.eps_inf``.
-``"longitudinal"`` (accounted ε of a sequence)
+``"longitudinal"`` (published longitudinal bound after ``τ`` reports)
     Memoizing protocols only: every trial is a fresh device that reports ``τ`` times, the inputs
-    following ``seq1`` (resp. ``seq2``), two sequences of the same length ``τ``. The event is on
-    the whole sequence of reports: with per-report events ``e(r, a, b)`` = ``audit_event(r, a, b)``,
-    the device's score ``S = sum_t e(r_t, seq1_t, seq2_t) - e(r_t, seq2_t, seq1_t)`` over the steps
-    where the sequences differ is a vote that averages the IRR noise away and so estimates the
-    memoized PRR outputs (for L-GRR, the count of reports equal to v1 minus those equal to v2;
-    for UE chains, the ones of bit v1 minus the ones of bit v2). The events are ``E_c = {S >= c}``
-    for every threshold ``c = 1 .. L`` (``L`` differing steps), all of them tested with the
-    Bonferroni correction below. The theoretical value is the ACCOUNTED longitudinal ε of the
-    pair: ``max(proto.longitudinal_loss(m1), proto.longitudinal_loss(m2))`` where ``mi`` is the
-    largest number of distinct memoized inputs of a device after ``seqi``, read from the memo
-    states (``state.memoized_count()``), so LOLOHA's memoization per hash value and dBitFlipPM's
-    per bucket are counted as the protocol counts them (Arcolezi, Palamidessi, Pinzón & Gambs,
-    EDBT 2023, Def. 3.2 and Eq. 8: each memoized input leaks one ε∞; sequential composition over
-    the memoized inputs, Prop. 2.3). Constant sequences ``(v1, ..., v1)`` vs ``(v2, ..., v2)``
-    memoize one input: the accounted ε is ε∞ and for a GRR chain the vote recovers nearly all of it once ``τ`` is ~16;
-    sequences that switch to other values half way memoize two inputs (accounted ``2 ε∞``), see
-    :func:`longitudinal_pairs`.
+    following ``seq1`` (resp. ``seq2``), two sequences of the same length ``τ``. Events on the
+    whole sequence of reports (and the public fields they carry):
+
+    * vote events: with per-report events ``e(r, a, b)`` = ``audit_event(r, a, b)``, the device's
+      score ``S = sum_t e(r_t, seq1_t, seq2_t) - e(r_t, seq2_t, seq1_t)`` over the steps where the
+      sequences differ is a vote that averages the IRR noise away and so estimates the memoized
+      PRR outputs (for L-GRR, the count of reports equal to v1 minus those equal to v2; for UE
+      chains, the ones of bit v1 minus the ones of bit v2); events ``E_c = {S >= c}``,
+      ``c = 1 .. L`` (``L`` differing steps);
+    * seed-aware events (protocols whose memo cell of a value is read from public report fields,
+      ``proto.public_cells``: LOLOHA's hash seed, dBitFlipPM's sampled buckets; sequences with at
+      least two distinct values): conditioning on the seed, the server knows which value groups
+      share a memo cell under ``seq1`` and under ``seq2``. Where a pair of groups is merged under
+      one and split under the other (same value pattern, different cell pattern), the reports of
+      the two groups' steps agree more under the merged sequence (LOLOHA: one PRR behind both;
+      dBitFlipPM, no IRR: identical reports). Events ``{split under seq1, disagreeing report
+      pairs >= c}`` and ``{merged under seq1, agreeing pairs >= c}`` (at most
+      :data:`SEED_THRESHOLDS` thresholds each, see :func:`_seed_scores`).
+
+    All events are tested with the Bonferroni correction below. The claim is the PUBLISHED figure
+    ``proto.longitudinal_bound(τ)`` (what ``/status`` and the estimate documents state as
+    ``eps_longitudinal_worst`` after ``τ`` steps): ``min(τ, memo_size) ε∞`` for L-GRR and the UE
+    chains, ``τ ε_IRR`` for LOLOHA, ``inf`` for dBitFlipPM unless ``b = k`` and ``d >= b - 1``
+    (docs/privacy.md, "Limit of the accounted longitudinal ε"). The result also carries the
+    ACCOUNTED longitudinal ε of the pair, ``eps_accounted = max(proto.longitudinal_loss(m1),
+    proto.longitudinal_loss(m2))`` with ``mi`` the largest number of distinct memoized inputs of a
+    device after ``seqi``, read from the memo states (Arcolezi, Palamidessi, Pinzón & Gambs, EDBT
+    2023, Def. 3.2 and Eq. 8): for LOLOHA and dBitFlipPM the seed-aware events exceed it on the
+    switching pairs of :func:`longitudinal_pairs` (tests/test_audit.py), which is why it is not
+    the claim. Constant sequences ``(v1, ..., v1)`` vs ``(v2, ..., v2)`` memoize one input and for
+    a GRR chain the vote recovers nearly all of ε∞ once ``τ`` is ~16.
     The two sequences must repeat values at the same steps: memoization reveals whether an input
-    repeats (the same memoized response comes back), which the count of memoized inputs does not
-    account for. Scope: the vote looks at the values, not at the device's memo cells. LOLOHA
-    (cell = hash value, public hash seed) and dBitFlipPM (cell = case of the public sampled
-    buckets) map different values to one cell on some devices and not on others, so two
-    sequences with the same value pattern can still differ in their cell pattern on a device
-    whose reports say so; an event that conditions on the hash seed / sampled buckets and tests
-    whether the reports change at a switch is not part of this round.
+    repeats (the same memoized response comes back).
 
 With hit counts ``c1``, ``c2`` out of ``n = trials`` each:
 
@@ -226,6 +234,7 @@ class AuditResult:
     seq2: tuple[int, ...] = ()
     memoized: tuple[int, int] = (0, 0)
     event: str = ""
+    eps_accounted: float = math.nan
 
     @property
     def passed(self) -> bool:
@@ -234,14 +243,21 @@ class AuditResult:
 
     @property
     def tightness(self) -> float:
-        """``eps_lower / eps_theory`` (1 = the audit certifies the full claimed ε)."""
+        """``eps_lower / eps_theory`` (1 = the audit certifies the full claimed ε; 0 against an
+        unbounded claim)."""
         return self.eps_lower / self.eps_theory if self.eps_theory > 0 else math.nan
 
     @property
+    def accounted_label(self) -> str:
+        """``L(m)``: the accounted longitudinal loss of ``m`` memoized inputs (longitudinal round), else ``""``."""
+        return f"L(m={max(self.memoized)})" if self.round == "longitudinal" else ""
+
+    @property
     def theory_label(self) -> str:
-        """Which ε ``eps_theory`` is: ``ε1``, ``ε∞`` or ``L(m)`` (longitudinal loss of ``m`` memoized inputs)."""
+        """Which ε ``eps_theory`` is: ``ε1``, ``ε∞`` or ``B(τ)`` (the published longitudinal bound
+        after ``τ`` reports, ``proto.longitudinal_bound(τ)``)."""
         if self.round == "longitudinal":
-            return f"L(m={max(self.memoized)})"
+            return f"B(τ={len(self.seq1)})"
         return _THEORY.get(self.round, self.round)
 
     @property
@@ -391,16 +407,77 @@ def _check_sequences(proto: FrequencyProtocol, seq1: Sequence[int], seq2: Sequen
     return s1, s2
 
 
+def _groups(seq: Seq) -> list[list[int]]:
+    """The steps of each distinct value of ``seq``, in order of first appearance."""
+    where: dict[int, list[int]] = {}
+    for t, v in enumerate(seq):
+        where.setdefault(v, []).append(t)
+    return list(where.values())
+
+
+def _same_report(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Row-wise equality of two report arrays (structured 1-d, or ``(n, d)``)."""
+    eq = np.asarray(a == b)
+    return eq.all(axis=tuple(range(1, eq.ndim))) if eq.ndim > 1 else eq
+
+
+#: thresholds of each seed-aware event family (fewer events, less Bonferroni cost)
+SEED_THRESHOLDS = 16
+
+
+def _seed_thresholds(pmax: int) -> list[int]:
+    """At most :data:`SEED_THRESHOLDS` thresholds spread over ``1 .. pmax``."""
+    return sorted({max(1, math.ceil(pmax * i / SEED_THRESHOLDS)) for i in range(1, SEED_THRESHOLDS + 1)})
+
+
+def _seed_scores(proto: FrequencyProtocol, reps: list[np.ndarray], groups: list[list[int]],
+                 vals1: list[int], vals2: list[int], pmax: int) -> tuple[np.ndarray, np.ndarray]:
+    """Seed-aware scores of one chunk of devices: ``(orientation, score)``, ``int64 (m,)`` each.
+
+    From the public part of the reports (``proto.public_cells``: LOLOHA's hash seed, dBitFlipPM's
+    sampled buckets) the server knows, for each device, which value groups share a memo cell
+    under ``seq1`` and under ``seq2``. The first pair of groups ``(i, j)`` merged under one
+    sequence and split under the other is the witness: orientation ``+1`` when split under
+    ``seq1`` (score = disagreeing report pairs between the groups' steps), ``-1`` when merged
+    under ``seq1`` (score = agreeing pairs), ``0`` without a witness. Both are larger under
+    ``seq1``; the orientation depends on the seed alone, whose law is the same under both."""
+    m = reps[0].shape[0]
+    cells1 = [proto.public_cells(reps[0], v) for v in vals1]
+    cells2 = [proto.public_cells(reps[0], v) for v in vals2]
+    orient = np.zeros(m, dtype=np.int64)
+    score = np.zeros(m, dtype=np.int64)
+    for i in range(len(groups)):
+        for j in range(i + 1, len(groups)):
+            m1, m2 = cells1[i] == cells1[j], cells2[i] == cells2[j]
+            sel = np.flatnonzero((orient == 0) & (m1 != m2))
+            if not sel.size:
+                continue
+            orient[sel] = np.where(m1[sel], -1, 1)
+            agree = np.zeros(sel.size, dtype=np.int64)
+            for t in groups[i]:
+                for u in groups[j]:
+                    agree += _same_report(reps[t][sel], reps[u][sel])
+            pairs = len(groups[i]) * len(groups[j])
+            # scale to [0, pmax] so that every witness pair uses the same thresholds
+            raw = np.where(orient[sel] == 1, pairs - agree, agree)
+            score[sel] = (raw * pmax) // pairs
+    return orient, score
+
+
 def audit_longitudinal(proto: FrequencyProtocol, seq1: Sequence[int], seq2: Sequence[int],
                        trials: int | None = None, seed: int = 0, confidence: float = 0.95,
                        on_progress: ProgressCallback | None = None, chunk: int = DEFAULT_CHUNK) -> AuditResult:
     """Longitudinal audit: ``trials`` fresh devices report ``seq1`` (resp. ``seq2``) step by step.
 
-    Device score ``S = sum_t e(r_t, seq1_t, seq2_t) - e(r_t, seq2_t, seq1_t)`` over the ``L``
-    steps where the sequences differ (``e`` = ``proto.audit_event``); events ``{S >= c}``,
-    ``c = 1 .. L``, with Bonferroni over all of them (:func:`eps_lower_bound_events`). The claim
-    is ``max_i proto.longitudinal_loss(max memoized inputs of a device after seq_i)``, read from
-    the memo states after the run (Arcolezi et al., EDBT 2023, Eq. 8).
+    Vote events: device score ``S = sum_t e(r_t, seq1_t, seq2_t) - e(r_t, seq2_t, seq1_t)`` over
+    the ``L`` steps where the sequences differ (``e`` = ``proto.audit_event``); events
+    ``{S >= c}``, ``c = 1 .. L``. Seed-aware events (protocols whose memo cells depend on public
+    report fields, ``proto.public_cells``: LOLOHA, dBitFlipPM; sequences with at least two
+    distinct values): see :func:`_seed_scores`, events ``{orientation = ±1, score >= c}``.
+    Bonferroni over all of them (:func:`eps_lower_bound_events`). The claim is the published
+    ``proto.longitudinal_bound(τ)`` over the ``τ`` steps (``eps_accounted`` keeps
+    ``max_i proto.longitudinal_loss(max memoized inputs of a device after seq_i)``, read from the
+    memo states, Arcolezi et al., EDBT 2023, Eq. 8).
     ``on_progress(done, total)`` counts reports, ``total = 2 * trials * len(seq1)``.
     """
     if proto.memo_size <= 0:
@@ -410,12 +487,20 @@ def audit_longitudinal(proto: FrequencyProtocol, seq1: Sequence[int], seq2: Sequ
     trials = _check_positive("trials", DEFAULT_TRIALS["longitudinal"] if trials is None else trials)
     chunk = _check_positive("chunk", chunk)
     confidence = _check_confidence(confidence)
-    chunk = min(chunk, max(1024, CHUNK_BYTES // (_bytes_per_trial(proto) + 8)))
-    diff = [t for t in range(len(s1)) if s1[t] != s2[t]]
+    tau = len(s1)
+    diff = [t for t in range(tau) if s1[t] != s2[t]]
     L = len(diff)
+    groups = _groups(s1)
+    vals1, vals2 = [s1[g[0]] for g in groups], [s2[g[0]] for g in groups]
+    seed_aware = len(groups) >= 2 and type(proto).public_cells is not FrequencyProtocol.public_cells
+    per_trial = _bytes_per_trial(proto) + 8 + (tau * proto.report_nbytes if seed_aware else 0)
+    chunk = min(chunk, max(1024, CHUNK_BYTES // per_trial))
+    pmax = max(len(a) * len(b) for a in groups for b in groups) if seed_aware else 0
+    thresholds = _seed_thresholds(pmax) if seed_aware else []
 
-    total, done = 2 * trials * len(s1), 0
+    total, done = 2 * trials * tau, 0
     hist = [np.zeros(2 * L + 1, dtype=np.int64), np.zeros(2 * L + 1, dtype=np.int64)]
+    shist = [{o: np.zeros(pmax + 1, dtype=np.int64) for o in (1, -1)} for _ in range(2)]
     memoized = [0, 0]
     for side, ss in enumerate(np.random.SeedSequence(seed).spawn(2)):  # one stream per sequence
         rng = np.random.default_rng(ss)
@@ -425,8 +510,11 @@ def audit_longitudinal(proto: FrequencyProtocol, seq1: Sequence[int], seq2: Sequ
             m = min(chunk, left)
             state = proto.new_state(m, rng=rng)  # fresh devices
             score = np.zeros(m, dtype=np.int64)
+            reps: list[np.ndarray] = []
             for t, v in enumerate(seq):
                 reports = proto.randomize(np.full(m, v, dtype=np.int64), rng, state=state)
+                if seed_aware:
+                    reps.append(reports)
                 if s1[t] != s2[t]:
                     score += _check_event(proto, proto.audit_event(reports, s1[t], s2[t]), m, "audit_event")
                     score -= _check_event(proto, proto.audit_event(reports, s2[t], s1[t]), m, "audit_event")
@@ -434,6 +522,10 @@ def audit_longitudinal(proto: FrequencyProtocol, seq1: Sequence[int], seq2: Sequ
                 if on_progress is not None:
                     on_progress(done, total)
             hist[side] += np.bincount(score + L, minlength=2 * L + 1)
+            if seed_aware:
+                orient, sscore = _seed_scores(proto, reps, groups, vals1, vals2, pmax)
+                for o in (1, -1):
+                    shist[side][o] += np.bincount(sscore[orient == o], minlength=pmax + 1)
             memoized[side] = max(memoized[side], int(state.memoized_count().max()))
             left -= m
 
@@ -441,6 +533,12 @@ def audit_longitudinal(proto: FrequencyProtocol, seq1: Sequence[int], seq2: Sequ
     tails = [np.cumsum(h[::-1])[::-1] for h in hist]
     c1 = [int(tails[0][c + L]) for c in range(1, L + 1)]
     c2 = [int(tails[1][c + L]) for c in range(1, L + 1)]
+    names = [f"S>={c}" for c in range(1, L + 1)]
+    for o, label in ((1, "seed:split-differ"), (-1, "seed:merged-agree")):
+        stails = [np.cumsum(h[o][::-1])[::-1] for h in shist]
+        c1 += [int(stails[0][c]) for c in thresholds]
+        c2 += [int(stails[1][c]) for c in thresholds]
+        names += [f"{label}>={c}/{pmax}" for c in thresholds]
     lower, i = eps_lower_bound_events(c1, c2, trials, confidence)
     accounted = max(float(proto.longitudinal_loss(memoized[0])), float(proto.longitudinal_loss(memoized[1])))
     return AuditResult(
@@ -448,8 +546,9 @@ def audit_longitudinal(proto: FrequencyProtocol, seq1: Sequence[int], seq2: Sequ
         confidence=confidence, hits1=c1[i], hits2=c2[i],
         eps_hat=eps_point_estimate(c1[i], c2[i], trials),
         eps_hat_ci=eps_interval(c1[i], c2[i], trials, confidence),
-        eps_lower=lower, eps_theory=accounted,
-        round="longitudinal", seq1=s1, seq2=s2, memoized=(memoized[0], memoized[1]), event=f"S>={i + 1}",
+        eps_lower=lower, eps_theory=float(proto.longitudinal_bound(tau)),
+        round="longitudinal", seq1=s1, seq2=s2, memoized=(memoized[0], memoized[1]), event=names[i],
+        eps_accounted=accounted,
     )
 
 
@@ -668,18 +767,23 @@ def format_results(results: list[AuditResult], skipped: list[SkippedCase] = ()) 
     """A plain-text table of audit results, one block per round (and the skipped cases).
 
     Columns: the round, the protocol and its parameters, the inputs (values, or sequences of the
-    longitudinal round), which ε is claimed (``ε1``, ``ε∞`` or ``L(m=...)``, the accounted
-    longitudinal loss of ``m`` memoized inputs), its value, the lower bound, ε̂ and the tightness.
+    longitudinal round), which ε is claimed (``ε1``, ``ε∞`` or ``B(τ=...)``, the published
+    longitudinal bound after ``τ`` reports; ``∞`` when unbounded), its value, the lower bound, ε̂,
+    the tightness, and for the longitudinal round the accounted ``L(m=...)`` and the event.
     """
     def extra(p: dict) -> str:
         return " ".join(f"{k}={v}" for k, v in p.items() if k not in ("protocol", "k"))
 
+    def num(x: float, width: int) -> str:
+        return f"{'∞':>{width}}" if x == math.inf else f"{x:>{width}.4f}"
+
     lines = [f"{'round':<12} {'protocol':<11} {'params':<52} {'inputs':<15} {'claim':>7} {'eps_theory':>10} "
-             f"{'eps_lower':>10} {'eps_hat':>8} {'tight':>6} {'pass':>5}"]
+             f"{'eps_lower':>10} {'eps_hat':>8} {'tight':>6} {'pass':>5} {'accounted':>16} event"]
     for r in results:
+        acct = f"{r.accounted_label}={num(r.eps_accounted, 0)}" if r.round == "longitudinal" else "-"
         lines.append(f"{r.round:<12} {r.protocol:<11} {extra(r.params):<52} {describe_inputs(r):<15} "
-                     f"{r.theory_label:>7} {r.eps_theory:>10.4f} {r.eps_lower:>10.4f} {r.eps_hat:>8.4f} "
-                     f"{r.tightness:>6.3f} {str(r.passed):>5}")
+                     f"{r.theory_label:>7} {num(r.eps_theory, 10)} {r.eps_lower:>10.4f} {r.eps_hat:>8.4f} "
+                     f"{r.tightness:>6.3f} {str(r.passed):>5} {acct:>16} {r.event or '-'}")
     for s in skipped:
         lines.append(f"{s.name:<11} SKIPPED {extra(s.params)}: {s.reason}")
     return "\n".join(lines)

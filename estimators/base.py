@@ -98,6 +98,23 @@ class FrequencyProtocol(ABC):
         m = np.asarray(memoized)
         return np.where(m <= 0, 0.0, np.where(m == 1, self.eps_first, np.inf))
 
+    def public_cells(self, reports: np.ndarray, v: int) -> np.ndarray | None:
+        """The memo cell of value ``v`` on every reporting device, as a server reads it from the
+        public part of the reports (``int64 (n,)``), or ``None`` when the cell is the value itself
+        (one memoized response per value). LOLOHA (hash under the device's public seed) and
+        dBitFlipPM (case under the sampled buckets) override it; the longitudinal audit's
+        seed-aware events use it (estimators/audit.py)."""
+        return None
+
+    def longitudinal_bound(self, reports: int) -> float:
+        """Published worst-case longitudinal ε of a device after ``reports`` reports (the figure of
+        ``/status``, the estimate documents and ``ldp_eps_longitudinal_worst``): an upper bound on
+        the loss between two input sequences of that length with the same change pattern, against a
+        server that sees everything a report carries. By default the accounted loss of ``reports``
+        memoized inputs; LOLOHA and dBitFlipPM, whose memo cells depend on public seeds, override it
+        (docs/privacy.md, "Limit of the accounted longitudinal ε")."""
+        return float(self.longitudinal_loss(max(int(reports), 0)))
+
     @property
     def worst_case_loss(self) -> float:
         """Worst-case longitudinal ε on a device's values over an unbounded number of reports."""

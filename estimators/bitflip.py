@@ -153,6 +153,36 @@ class DBitFlipPM(PureProtocol):
         m = np.asarray(memoized)
         return np.minimum(np.maximum(m, 0), self.memo_cases) * self.eps_inf
 
+    @property
+    def cases_follow_values(self) -> bool:
+        """Whether the case pattern of every sequence is its value pattern, for every sampled set:
+        only when each bucket holds one value and at most one bucket is unsampled (``b = k``,
+        ``d >= b - 1``), so that the case map is injective."""
+        return self.b == self.k and self.d >= self.b - 1
+
+    def public_cells(self, reports: np.ndarray, v: int) -> np.ndarray:
+        """The case of ``v`` on each device, read from the sampled buckets of its report: the index
+        ``l`` of the pair that names ``v``'s bucket, or ``d`` ("not sampled")."""
+        j = self._check_reports(reports).astype(np.int64) >> 1  # pair code 2 j + x
+        hit = j == int(self.bucket(np.array([v]))[0])
+        return np.where(hit.any(axis=1), hit.argmax(axis=1), self.d).astype(np.int64)
+
+    def longitudinal_bound(self, reports: int) -> float:
+        """Worst case after ``reports`` reports against a server that reads the sampled buckets in
+        the reports: ``ε∞`` for one; for more, ``min(reports, b) ε∞`` when ``b = k`` and ``d >= b - 1`` and
+        ``inf`` otherwise. No IRR round: where one sequence's values share a case (bucket unsampled,
+        or one bucket) and the other's do not, the report cannot change under the first and can
+        under the second (docs/privacy.md; tests/test_seedaware.py). ``longitudinal_loss`` keeps
+        the paper's accounted ``min(m, d + 1, b) ε∞`` (EDBT 2023, Table 1)."""
+        r = max(int(reports), 0)
+        if r <= 1 or self.cases_follow_values:
+            return float(self.longitudinal_loss(r))
+        return float("inf")
+
+    @property
+    def worst_case_loss(self) -> float:
+        return self.longitudinal_bound(max(self.memo_size, 2))
+
     # ---------------------------------------------------------------- device side
     def randomize(self, values: np.ndarray, rng: np.random.Generator | None = None,
                   state: MemoState | None = None) -> np.ndarray:

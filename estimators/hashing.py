@@ -250,6 +250,35 @@ class LOLOHA(_HashedReports, GRRChain):
         """Memoization is per hash value: at most ``g`` memoized inputs (Thm. 3.5)."""
         return self.g
 
+    @property
+    def eps_irr(self) -> float:
+        """ε of the IRR round alone, ``ln(p2 / q2)``: what one report adds against a server that
+        knows which reports share a memoized PRR."""
+        return grr_eps(self.p2, self.q2)
+
+    def public_cells(self, reports: np.ndarray, v: int) -> np.ndarray:
+        """``H_seed(v)``: the memo cell of ``v`` under each device's public hash seed."""
+        return self.hash_values(reports, v)
+
+    def longitudinal_bound(self, reports: int) -> float:
+        """Worst case against a seed-aware server after ``reports`` reports: ``ε1`` for one,
+        ``reports · ε_IRR`` for more (:func:`estimators.seedaware.loloha_seed_aware_bound`).
+
+        Not ``min(reports, g) ε∞`` (EDBT 2023, Thm. 3.5): the public hash seed tells the server
+        which steps share a memoized PRR, two sequences with the same change pattern can have
+        different cell patterns, and the reports of merged steps agree more than those of split
+        ones, by a factor that grows with every report (docs/privacy.md; exact values in
+        tests/test_seedaware.py). ``longitudinal_loss`` keeps the paper's accounted metric (Eq. 8).
+        """
+        from .seedaware import loloha_seed_aware_bound
+        return loloha_seed_aware_bound(self.eps_first, self.eps_irr, int(reports))
+
+    @property
+    def worst_case_loss(self) -> float:
+        """Unbounded over an unbounded number of reports against a seed-aware server (see
+        :meth:`longitudinal_bound`); the accounted ``g ε∞`` is ``longitudinal_loss(g)``."""
+        return float("inf")
+
     def _hashed_chain(self, v: np.ndarray, keys: np.ndarray, seen: np.ndarray, nkey: np.ndarray | None,
                       irr: bool) -> np.ndarray:
         """Hash with the device's fixed hash function, then the GRR chain over ``[0, g)``

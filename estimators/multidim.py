@@ -349,6 +349,9 @@ class AttributeView(FrequencyProtocol):
         every attribute it reports (:meth:`Solution.loss_bound`)."""
         return self.solution.loss_bound(memoized)
 
+    def longitudinal_bound(self, reports: int) -> float:
+        return self.solution.reports_bound(reports)
+
     @property
     def worst_case_loss(self) -> float:
         return self.solution.worst_case_loss
@@ -524,9 +527,17 @@ class Solution:
         out = np.sum(losses, axis=0) if self._composes else np.max(losses, axis=0)
         return float(out) if np.ndim(out) == 0 else out
 
+    def reports_bound(self, reports: int) -> float:
+        """Published worst-case device-level ε after ``reports`` steps: the channels'
+        ``longitudinal_bound`` (seed-aware for LOLOHA and dBitFlipPM), composed like :meth:`loss_bound`."""
+        b = [float(c.longitudinal_bound(reports)) for c in self.channels]
+        return float(sum(b)) if self._composes else max(b)
+
     @property
     def worst_case_loss(self) -> float:
         """Worst-case device-level ε over an unbounded number of steps with changing values."""
+        if any(np.isinf(c.worst_case_loss) for c in self.channels):  # LOLOHA / dBitFlipPM channels too
+            return float("inf")
         return float(self.loss_bound(max(max(c.memo_size for c in self.channels), 2)))
 
     def memoized_cells(self, state: MultiState) -> np.ndarray:

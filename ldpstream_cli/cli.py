@@ -17,7 +17,7 @@ from ldpstream_dev.stack import CLI_RUN_DIR
 from estimators.errors import LDPError
 from stream_app.settings import setting_specs
 
-from .common import DEMO_CAMPAIGN, error_console, fail, stack_addresses
+from .common import DEMO_CAMPAIGN, error_console, fail, fmt_eps, stack_addresses
 from .options import build, check_options
 from .terminal import CSV_FLAG, JSON_FLAG, TableOutput, print_table, progress_bar
 
@@ -85,7 +85,7 @@ def protocols(k: K = 100, eps: EPS = 1.0, eps_inf: EPS_INF = 2.0, eps_1: EPS_1 =
             continue
         extra = {a: v for a, v in p.params().items() if a not in ("protocol", "k")}
         t.add_row(name, " ".join(f"{a}={v}" for a, v in extra.items()), f"{p.eps_first:.4f}", f"{p.eps_inf:.4f}",
-                  f"{p.worst_case_loss:.4g}", f"{p.variance(n):.3e}")
+                  fmt_eps(p.worst_case_loss, ".4g"), f"{p.variance(n):.3e}")
     out.show(t)
     t = Table(title=f"multidimensional solutions (one budget over d={len(domains)} attributes, ks={ks}; ε={eps}, "
                     f"ε∞={eps_inf}, ε1={eps_1}), Var* per attribute at n={n} devices")
@@ -99,7 +99,7 @@ def protocols(k: K = 100, eps: EPS = 1.0, eps_inf: EPS_INF = 2.0, eps_1: EPS_1 =
             t.add_row(label, f"[yellow]{exc}[/yellow]", "", "", "", "")
             continue
         t.add_row(label, " ".join(c.name for c in sol.channels), f"{sol.eps_first:.4f}", f"{sol.eps_inf:.4f}",
-                  f"{sol.worst_case_loss:.4g}", " ".join(f"{sol.variance(j, n):.2e}" for j in range(sol.d)))
+                  fmt_eps(sol.worst_case_loss, ".4g"), " ".join(f"{sol.variance(j, n):.2e}" for j in range(sol.d)))
     out.show(t)
     out.close()
 
@@ -193,7 +193,7 @@ def simulate(n: Annotated[int, typer.Option(help="Devices in the simulated fleet
         loss = float(np.mean(p.longitudinal_loss(st.memoized_count()))) if st is not None else float("inf")
         truth = true_frequencies(p, pop.values)
         t.add_row(name, f"{np.mean(sq_err[name]):.3e}", f"{np.mean(p.variance_exact(truth, n)):.3e}",
-                  f"{p.eps_first:.3f}", f"{p.eps_inf:.3f}", f"{loss:.3g}", f"{p.worst_case_loss:.3g}")
+                  f"{p.eps_first:.3f}", f"{p.eps_inf:.3f}", fmt_eps(loss, ".3g"), fmt_eps(p.worst_case_loss, ".3g"))
     print_table(console, t)
     truth = pop.true_frequencies()
     top = np.argsort(truth)[::-1][:10]
@@ -210,7 +210,7 @@ def simulate(n: Annotated[int, typer.Option(help="Devices in the simulated fleet
 
 _ROUND_TITLES = {"first": "first round (one report per device, claim ε1)",
                  "prr": "PRR round (memoized response alone, claim ε∞)",
-                 "longitudinal": "longitudinal round (τ reports per device, claim = accounted longitudinal ε)"}
+                 "longitudinal": "longitudinal round (τ reports per device, claim = published bound B(τ), seed-aware events)"}
 
 
 def _sequence(text: Optional[str], name: str) -> Optional[tuple[int, ...]]:
@@ -231,7 +231,8 @@ def audit(protocol: Annotated[Optional[str], typer.Argument(help="Protocol to au
           calibration: CAL = "exact",
           round_: Annotated[Optional[list[str]], typer.Option(
               "--round", "-r", help="Round to audit: first (ε1 of one report), prr (ε∞ of the memoized "
-              "response) or longitudinal (a device's τ reports vs the accounted longitudinal ε); "
+              "response) or longitudinal (a device's τ reports vs the published longitudinal bound, with "
+              "seed-aware events for LOLOHA and dBitFlipPM); "
               "repeat for several. Default: all three.")] = None,
           v1: Annotated[int, typer.Option(help="First input.")] = 0,
           v2: Annotated[int, typer.Option(help="Second input.")] = 1,
@@ -300,12 +301,17 @@ def audit(protocol: Annotated[Optional[str], typer.Argument(help="Protocol to au
         unit = (f"{n:,} devices per sequence" if r == "longitudinal"
                 else f"{n:,} {'fresh devices' if r == 'prr' else 'reports'} per input")
         t = Table(title=f"privacy audit, {_ROUND_TITLES[r]}: {unit}, {confidence:.0%} Clopper-Pearson")
-        for col in ("protocol", "inputs", "claim", "ε claimed", "ε lower bound", "ε̂ [CI]", "tightness", "verdict"):
-            t.add_column(col, justify="left" if col in ("protocol", "inputs") else "right")
+        longi = r == "longitudinal"
+        cols = ("protocol", "inputs", "claim", "ε claimed", "ε lower bound", "ε̂ [CI]", "tightness", "verdict")
+        if longi:  # the accounted ε (EDBT 2023, Eq. 8) for comparison, and which event gave the bound
+            cols = cols[:4] + ("accounted", "event") + cols[4:]
+        for col in cols:
+            t.add_column(col, justify="left" if col in ("protocol", "inputs", "event") else "right")
         for res in results:
             extra = " ".join(f"{a}={v}" for a, v in res.params.items() if a not in ("protocol", "k"))
-            t.add_row(f"{res.protocol} {extra}", A.describe_inputs(res), res.theory_label, f"{res.eps_theory:.4f}",
-                      f"{res.eps_lower:.4f}",
+            more = ((f"{res.accounted_label} = {fmt_eps(res.eps_accounted)}", escape(res.event)) if longi else ())
+            t.add_row(f"{res.protocol} {extra}", A.describe_inputs(res), res.theory_label, fmt_eps(res.eps_theory),
+                      *more, f"{res.eps_lower:.4f}",
                       f"{res.eps_hat:.4f} [{res.eps_hat_ci[0]:.3f}, {res.eps_hat_ci[1]:.3f}]", f"{res.tightness:.1%}",
                       "[green]ok[/green]" if res.passed else "[red]LEAKS MORE THAN STATED[/red]")
         print_table(console, t)

@@ -11,12 +11,19 @@ from rich.markup import escape
 
 from ldpstream_dev.stack import CLI_RUN_DIR
 
-__all__ = ["DEMO_CAMPAIGN", "error_console", "fail", "stack_addresses"]
+__all__ = ["DEMO_CAMPAIGN", "error_console", "fail", "fmt_eps", "stack_addresses"]
 
 #: The campaign of `ldp demo`, `ldp produce` and `ldp soak` by default: package data (an installed wheel has no
 #: deploy/ directory), a copy of deploy/campaigns/demo.toml (tests/test_cli.py checks that they are equal).
 DEMO_CAMPAIGN = Path(__file__).resolve().parent / "campaigns" / "demo.toml"
 error_console = Console(stderr=True)
+
+
+def fmt_eps(x: float, spec: str = ".4f") -> str:
+    """An ε for a table: ``∞`` for an unbounded loss (LOLOHA's and dBitFlipPM's worst case against a
+    seed-aware server, single-shot protocols over several reports), else ``format(x, spec)``."""
+    x = float(x)
+    return "∞" if x == float("inf") else format(x, spec)
 
 
 def fail(exc: Exception) -> NoReturn:

@@ -52,7 +52,10 @@ def _plain(cell: Any) -> str:
 
 
 def _value(text: str) -> int | float | str:
-    """A cell as JSON: a finite number where the text is one, else the text (``inf`` stays a string)."""
+    """A cell as JSON: a finite number where the text is one, ``null`` for ``∞`` (an unbounded ε, as
+    the estimate documents' ``_finite``), else the text (``inf`` stays a string)."""
+    if text == "∞":
+        return None
     for kind in (int, float):
         try:
             number = kind(text)

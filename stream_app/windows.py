@@ -82,8 +82,10 @@ Privacy figures "so far" (server side)
     sends at most one report per attribute and step, so after ``S`` steps (the number of steps
     ``<= t`` in the attribute's step index, plus the steps pruned below the retention floor) it
     memoized at most ``min(S, memo_size)`` distinct values:
-    ``eps_longitudinal_worst = proto.longitudinal_loss(S)`` (``min(S, memo_size) * eps_inf`` for L-* protocols, ``min(S, d+1, b) * eps_inf`` for dBitFlipPM, ``eps_1`` then ``inf`` for
-    single-shot protocols). ``eps_longitudinal_bound`` is the protocol's bound over an unbounded
+    ``eps_longitudinal_worst = proto.longitudinal_bound(S)`` (``min(S, memo_size) * eps_inf`` for L-GRR and
+    the L-UE chains; ``eps_1`` then ``S * eps_IRR`` for LOLOHA and ``eps_inf`` then ``inf`` for dBitFlipPM
+    unless ``b = k``, ``d >= b - 1``, against a server that reads the public seeds, docs/privacy.md; ``eps_1`` then
+    ``inf`` for single-shot protocols). ``eps_longitudinal_bound`` is the protocol's bound over an unbounded
     stream (``proto.worst_case_loss``). Infinite values are ``null`` in JSON and ``+Inf`` in Prometheus.
 """
 from __future__ import annotations
@@ -177,7 +179,7 @@ def build_estimate(campaign: Campaign, attr: Attribute, t: int, state: StepState
         "frequencies": freq, "frequencies_norm_sub": freq_ns,
         "variance": var, "ci95_halfwidth": half,
         "eps_1": _finite(proto.eps_first), "eps_inf": _finite(proto.eps_inf),
-        "eps_longitudinal_worst": _finite(float(proto.longitudinal_loss(max(int(steps_so_far), 1)))),
+        "eps_longitudinal_worst": _finite(float(proto.longitudinal_bound(max(int(steps_so_far), 1)))),
         "eps_longitudinal_bound": _finite(float(proto.worst_case_loss)),
         "steps_so_far": int(steps_so_far),
         # per-step poisoning statistic from the counts alone (estimators.poisoning.detection_score; null where

@@ -299,7 +299,9 @@ def test_memo_accounting_and_longitudinal_loss() -> None:
         p = make(b=b, d=d)
         mm = np.arange(0, b + 3)
         np.testing.assert_allclose(p.longitudinal_loss(mm), np.minimum(mm, min(d + 1, b)) * p.eps_inf)
-        assert p.worst_case_loss == pytest.approx(min(d + 1, b) * p.eps_inf)  # EDBT 2023, Table 1
+        # EDBT 2023, Table 1's min(d + 1, b) ε∞ is the accounted metric; the published bound reads the
+        # sampled buckets and is finite only when the cases follow the values (tests/test_seedaware.py)
+        assert np.isinf(p.worst_case_loss)
         assert p.memo_size == b
 
 

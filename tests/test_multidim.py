@@ -184,7 +184,7 @@ def test_allomfree_with_fake_data_chooses_by_the_l_rsfd_variance() -> None:
 
 def test_allomfree_loss_objective_rule() -> None:
     """Among the candidates with Var* <= 1.25 x the smallest, the smallest worst-case loss (k ε∞ for L-GRR
-    and L-OSUE, g ε∞ for LOLOHA), ties broken by Var*."""
+    and L-OSUE, unbounded for LOLOHA against a seed-aware server), ties broken by Var*."""
     sol = estimators.make_solution("ALLOMFREE", ks=CHOICE_KS, eps_inf=2.0, eps_1=1.0, objective="loss")
     picked = set()
     for j, k in enumerate(CHOICE_KS):
@@ -195,11 +195,11 @@ def test_allomfree_loss_objective_rule() -> None:
         want = min((c for c in ok if round(c.worst_case_loss, 6) == low), key=lambda c: c.variance(1))
         assert sol.choices[j][0] == want.name, (k, sol.choices[j])
         picked.add(want.name)
-    # L-GRR where LOLOHA's Var* is more than 1.25 x L-GRR's (k <= 8 here), LOLOHA (g = 3: loss 6) above
-    assert picked == {"L-GRR", "LOLOHA"}
+    # LOLOHA's published worst case is unbounded against a seed-aware server (docs/privacy.md): never picked
+    assert "LOLOHA" not in picked and "L-GRR" in picked
     assert [c[0] for c in sol.choices[:CHOICE_KS.index(9)]] == ["L-GRR"] * CHOICE_KS.index(9)
-    assert {c[0] for c in sol.choices[CHOICE_KS.index(9):]} == {"LOLOHA"}
-    assert sol.worst_case_loss == pytest.approx(max(c.worst_case_loss for c in sol.channels)) == pytest.approx(16.0)
+    assert "LOLOHA" not in {c[0] for c in sol.choices}
+    assert sol.worst_case_loss == pytest.approx(max(c.worst_case_loss for c in sol.channels))
 
 
 def test_rsfd_adp_chooses_like_the_paper() -> None:
@@ -332,7 +332,10 @@ def test_longitudinal_accounting_matches_a_device_history(label: str, name: str,
     elif sol.sampling == "per-step":
         assert sol.eps_inf == pytest.approx(sum(c.eps_inf for c in sol.channels) if sol.longitudinal
                                             else sol.eps_first)
-    assert np.isinf(sol.worst_case_loss) != sol.longitudinal
+    # bounded only for longitudinal solutions whose channels' memo cells do not depend on public seeds:
+    # LOLOHA / dBitFlipPM channels are unbounded against a seed-aware server (issue 20.5)
+    seed_cells = any(c.name in ("LOLOHA", "dBitFlipPM") for c in sol.channels)
+    assert np.isinf(sol.worst_case_loss) == (not sol.longitudinal or seed_cells)
 
 
 def test_fixed_and_per_step_sampling_figures() -> None:

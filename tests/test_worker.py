@@ -169,7 +169,7 @@ def test_counts_exact_and_final_estimates(env):
         assert d["variance"] == pytest.approx(proto.variance(n_dev))
         assert d["ci95_halfwidth"] == pytest.approx(1.96 * math.sqrt(proto.variance(n_dev)))
         assert d["eps_1"] == pytest.approx(proto.eps_first) and d["eps_inf"] == pytest.approx(proto.eps_inf)
-        assert d["eps_longitudinal_worst"] == pytest.approx(float(proto.longitudinal_loss(t + 1)))
+        assert d["eps_longitudinal_worst"] == pytest.approx(float(proto.longitudinal_bound(t + 1)))
         assert d["steps_so_far"] == t + 1
         assert d["latency_seconds"] is not None and d["latency_seconds"] < 2.0
     opt = finals[("opt_in", 1)]
@@ -192,7 +192,7 @@ def test_counts_exact_and_final_estimates(env):
         proto = c.attributes[a].protocol
         assert metric(text, "ldp_eps_inf", campaign=c.id, attribute=a) == pytest.approx(proto.eps_inf)
         assert metric(text, "ldp_eps_longitudinal_worst", campaign=c.id, attribute=a) == pytest.approx(
-            float(proto.longitudinal_loss(steps)))
+            float(proto.longitudinal_bound(steps)))  # the published (seed-aware) figure, as in the documents
     top = int(np.argmax(finals[("app_version", 1)]["frequencies"]))
     assert metric(text, "ldp_estimated_frequency", campaign=c.id, attribute="app_version", value=str(top)) == \
         pytest.approx(finals[("app_version", 1)]["frequencies"][top])
