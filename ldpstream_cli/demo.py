@@ -88,9 +88,15 @@ def run_demo(campaign_path: Path, devices: int, steps: int, workers: int, batch:
 _terminated: list[int] = []
 
 
+#: True while the fleet's event loop runs: a SIGTERM then only sets the flag, and the loop's own check raises
+#: (an exception raised by the handler inside asyncio's or a client's internals does not always come out).
+_in_loop: list[bool] = [False]
+
+
 def _interrupt(signum: int, frame: Any) -> None:
     _terminated.append(signum)
-    raise KeyboardInterrupt(f"signal {signum}")
+    if not _in_loop[0]:
+        raise KeyboardInterrupt(f"signal {signum}")
 
 
 def _check_interrupted() -> None:
@@ -125,6 +131,7 @@ def _run(run: Path, campaign_path: Path, campaign: Campaign, devices: int, steps
 
         async def main(live: Live) -> None:
             t0 = time.perf_counter()
+            _check_interrupted()
 
             async def after_step(t: int, summary: FleetSummary) -> None:
                 """Step ``t`` is acknowledged: show the estimates until its finals are in and the step is over."""
@@ -145,10 +152,15 @@ def _run(run: Path, campaign_path: Path, campaign: Campaign, devices: int, steps
                     live.update(_view(campaign, truth, finals, header, top))
                     await asyncio.sleep(0.25)
 
-            await publish(fleet, info.kafka_bootstrap, REPORTS_TOPIC, on_step=after_step)
+            await publish(fleet, info.kafka_bootstrap, REPORTS_TOPIC, on_step=after_step,
+                          on_progress=lambda _: _check_interrupted())
 
         with Live(console=console, refresh_per_second=4, transient=False) as live:
-            asyncio.run(main(live))
+            _in_loop[0] = True
+            try:
+                asyncio.run(main(live))
+            finally:
+                _in_loop[0] = False
         _check_interrupted()
         zmax = max(float(np.max(np.abs(np.asarray(finals[k]["frequencies"]) - truth[k])
                                 / np.sqrt(campaign.attribute(k[0]).protocol.variance_exact(truth[k], finals[k]["n"]))))
