@@ -99,8 +99,11 @@ def tokens_issue(count: Annotated[int, typer.Option("--count", "-n", help="Token
                  days: Annotated[Optional[float], typer.Option(help="Validity (days). Default: 365 for device "
                                                                     "tokens, 1 for relay tokens.")] = None,
                  campaign: Annotated[Optional[str], typer.Option(help="The campaign id the tokens are for (a "
-                                                                      "report of another is refused); without it "
-                                                                      "they are valid for every campaign.")] = None,
+                                                                      "report of another is refused, 403); "
+                                                                      "required unless --any-campaign.")] = None,
+                 any_campaign: Annotated[bool, typer.Option(help="Tokens valid for every campaign (a relay or "
+                                                                 "load generator serving several; never a "
+                                                                 "device's).")] = False,
                  relay: Annotated[bool, typer.Option(help="Relay tokens (a trusted gateway or load generator: "
                                                           "large batches, no per-device rate limit).")] = False) -> None:
     """Print new device tokens (each with a random 128-bit device id), signed with the server secret."""
@@ -110,6 +113,9 @@ def tokens_issue(count: Annotated[int, typer.Option("--count", "-n", help="Token
     days = (1.0 if relay else 365.0) if days is None else days
     if count < 1 or not days > 0:
         fail(ValueError("--count must be >= 1 and --days > 0"))
+    if (campaign is None) == (not any_campaign):
+        fail(ValueError("give the campaign the tokens are for (--campaign ID), or --any-campaign for tokens "
+                        "valid for every campaign"))
     kind = RELAY if relay else DEVICE
     print("\n".join(authority.issue(days * 86400.0, kind=kind, campaign=campaign) for _ in range(count)))
 

@@ -304,3 +304,25 @@ def test_a_relay_over_its_reports_per_second_gets_429(ingest):
     finally:
         conn.close()
     assert refused_delta(before, refusals(ingest), "relay_rate_limited") == 1
+
+
+def test_tokens_issue_needs_a_campaign_or_an_explicit_any_campaign(tmp_path):
+    """`ldp tokens issue` scopes device tokens to a campaign: without --campaign it refuses (exit 2, one line),
+    --any-campaign is the explicit opt-out (a relay or load generator serving several campaigns)."""
+    secret = tmp_path / "secret"
+    env = {**os.environ, "LDP_DEVICE_SECRET_FILE": str(secret)}
+    made = subprocess.run([sys.executable, "-m", "ldpstream_cli", "tokens", "new-secret"], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert made.returncode == 0, made.stderr
+    secret.write_text(made.stdout)
+    issue = [sys.executable, "-m", "ldpstream_cli", "tokens", "issue"]
+    bare = subprocess.run(issue, env=env, capture_output=True, text=True, timeout=60)
+    assert bare.returncode == 2 and "--campaign ID" in bare.stderr and not bare.stdout, bare
+    scoped = subprocess.run([*issue, "--campaign", "fleet-health"], env=env, capture_output=True, text=True,
+                            timeout=60)
+    assert scoped.returncode == 0, scoped
+    authority = TokenAuthority(DeviceSecret.from_hex(made.stdout.strip()))
+    claims = authority.verify(scoped.stdout.strip())
+    assert claims.allows("fleet-health") and not claims.allows("other")
+    wild = subprocess.run([*issue, "--any-campaign"], env=env, capture_output=True, text=True, timeout=60)
+    assert wild.returncode == 0 and authority.verify(wild.stdout.strip()).allows("other"), wild
