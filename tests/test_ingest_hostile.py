@@ -27,12 +27,10 @@ from types import SimpleNamespace
 import psutil
 import pytest
 
-from ldpstream_dev.processes import stop_child
-from ldpstream_dev.workers import unique_campaign_file
+from ldpstream_dev.workers import IngestProcess, unique_campaign_file
 from stream_app.ingest.auth import RELAY, DeviceSecret, TokenAuthority
 from stream_app.ingest.server import ConnectionGuard
 from stream_app.ingest.settings import IngestSettings
-from stream_app.settings import free_port
 from test_ingest_service import get, metric, report
 from wire.campaign import Campaign, step_at
 from wire.compact import CONTENT_TYPE as COMPACT, encode_compact
@@ -55,35 +53,21 @@ def ingest(local_stack, tmp_path_factory):
     secret_file = run / "secret"
     secret_file.write_text(secret.hex() + "\n")
     secret_file.chmod(0o600)
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LDP_")}
-    env.update(local_stack.client_env(), LDP_DEVICE_SECRET_FILE=str(secret_file),
-               PYTHONPATH=os.pathsep.join(x for x in (str(ROOT), os.environ.get("PYTHONPATH", "")) if x))
-    log = open(run / "ingest.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "ldpstream_cli", "ingest", "-c", str(path_a), "-c", str(path_b),
-                             "--kafka", info.kafka_bootstrap, "--redis", info.redis_url, "--host", "0.0.0.0",
-                             "--topic-prefix", f"hostile-{uuid.uuid4().hex[:6]}.", "--port", str(port),
-                             "--processes", str(PROCESSES), "--max-connections-per-ip", str(PER_IP),
-                             "--first-byte-timeout", str(FIRST_BYTE), "--max-relay-reports", str(RELAY_RATE),
-                             "--relay-report-rate", str(RELAY_RATE)],
-                            stdout=log, stderr=subprocess.STDOUT, env=env, cwd=run, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
+    ing = IngestProcess([path_a, path_b], info.kafka_bootstrap, info.redis_url, run_dir=run, secret_file=secret_file,
+                        host="0.0.0.0", topic_prefix=f"hostile-{uuid.uuid4().hex[:6]}.", processes=PROCESSES,
+                        max_connections_per_ip=PER_IP, first_byte_timeout=FIRST_BYTE, max_relay_reports=RELAY_RATE,
+                        relay_reports_per_second=RELAY_RATE).start()
     try:
+        ing.wait_ready()
         deadline = time.monotonic() + 60
-        while True:
-            try:
-                if get(f"{url}/health")[0] == 200 and len(psutil.Process(proc.pid).children()) >= PROCESSES:
-                    break
-            except OSError:
-                pass
-            assert proc.poll() is None, (run / "ingest.log").read_text()
-            assert time.monotonic() < deadline, (run / "ingest.log").read_text()
+        while len(psutil.Process(ing.proc.pid).children()) < PROCESSES:  # every server process is up
+            assert ing.proc.poll() is None and time.monotonic() < deadline, ing.log_tail()
             time.sleep(0.1)
-        yield SimpleNamespace(url=url, port=port, proc=proc, a=Campaign.load(path_a), b=Campaign.load(path_b),
-                              authority=TokenAuthority(secret), env=env, redis=info.redis_url, log=run / "ingest.log")
+        yield SimpleNamespace(url=ing.url, port=ing.settings.port, proc=ing.proc, a=Campaign.load(path_a),
+                              b=Campaign.load(path_b), authority=TokenAuthority(secret), env=ing.environment(),
+                              redis=info.redis_url, log=ing.log_path)
     finally:
-        stop_child(proc)
-        log.close()
+        ing.stop()
 
 
 def workers(ing) -> list[psutil.Process]:
