@@ -38,7 +38,6 @@ from wire.compact import CONTENT_TYPE as COMPACT, encode_compact
 pytestmark = pytest.mark.timeout(180)
 
 DATA = Path(__file__).resolve().parent / "data" / "fleet-health.toml"
-ROOT = Path(__file__).resolve().parent.parent
 PER_IP, PROCESSES, FIRST_BYTE = 10, 2, 10.0  # the default first-byte timeout: it also ends idle keep-alives,
 # and a test that holds one while a CLI command starts (seconds on a busy machine) must keep it
 RELAY_RATE = 1000
