@@ -72,11 +72,13 @@ def run_demo(campaign_path: Path, devices: int, steps: int, workers: int, batch:
     campaign = Campaign.load(campaign_path)
     _terminated.clear()
     previous = signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM cleans up like Ctrl-C
+    previous_int = signal.getsignal(signal.SIGINT)
     run = Path(tempfile.mkdtemp(prefix="ldp-demo-"))
     try:
         return _run(run, campaign_path, campaign, devices, steps, workers, batch, step_seconds, seed, top, console)
     finally:
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, previous_int)
         if keep_run_dir:
             console.print(f"run directory kept: {run}", soft_wrap=True)
         else:
@@ -173,7 +175,8 @@ def _run(run: Path, campaign_path: Path, campaign: Campaign, devices: int, steps
         console.print("\n[yellow]interrupted[/yellow]")
         return 130
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the cleanup short
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the cleanup short,
+        signal.signal(signal.SIGINT, signal.SIG_IGN)   # nor a SIGINT (a child's process group may include us)
         with console.status("stopping workers and the stack ..."):
             for p in procs:
                 p.stop()

@@ -196,20 +196,20 @@ def test_a_revoked_token_is_refused_by_every_process_within_1_s(ingest):
     token = ingest.authority.issue(600, campaign=ingest.a.id)
     procs = workers(ingest)
     conns: dict[int, http.client.HTTPConnection] = {}
-    others = []
-    for _ in range(40):  # a keep-alive connection to each process
+    for _ in range(40):  # a keep-alive connection to each process (probed with fresh tokens: the per-token rate)
         conn = http.client.HTTPConnection("127.0.0.1", ingest.port, timeout=30)
-        assert request(conn, b"x", token, "text/plain")[0] == 415  # accepted: refused for its content type
+        probe = ingest.authority.issue(600, campaign=ingest.a.id)
+        assert request(conn, b"x", probe, "text/plain")[0] == 415  # accepted: refused for its content type
         pid = _server_pid(conn, procs)
         if pid is not None and pid not in conns:
             conns[pid] = conn
         else:
-            others.append(conn)
+            conn.close()  # at once: open ones count against the per-address cap of every later test
         if len(conns) == PROCESSES:
             break
-    for conn in others:
-        conn.close()
     assert len(conns) == PROCESSES, "no connection reached every process"
+    for conn in conns.values():  # the token works on each before it is revoked
+        assert request(conn, b"x", token, "text/plain")[0] == 415
     before = refusals(ingest)
     try:
         subprocess.run([sys.executable, "-m", "ldpstream_cli", "tokens", "revoke", token, "--redis", ingest.redis],
