@@ -43,6 +43,7 @@ from .consumer import FaustConsumer, limit_fetch_wait
 from .health import Health, add_worker_probes
 from .metrics import Metrics
 from .pipeline import Pipeline, SendJson, StoreCalls
+from .publisher import EstimatePublisher
 from .recovery import BrokerView, ConsumerControl, Recovery
 from .settings import WorkerSettings, free_port
 from .store import CountStore
@@ -196,15 +197,19 @@ def create_app(settings: WorkerSettings, *, campaigns: dict[str, Campaign] | Non
                               value_serializer="raw", partitions=s.partitions, internal=True)
     rejected_topic = app.topic(topics.rejected, key_type=bytes, key_serializer="raw", value_serializer="json",
                                partitions=s.partitions)
+    # declared here (created with `partitions` at start); written by the EstimatePublisher below
     estimates_topic = app.topic(topics.estimates, key_type=bytes, key_serializer="raw", value_serializer="json",
                                 partitions=s.partitions)
 
     async def send_rejected(key: bytes | None, doc: dict[str, Any]) -> None:
         await rejected_topic.send(key=key, value=doc)
 
+    # estimates go out one produce request each, never resent behind the estimator's back (stream_app.publisher);
+    # an estimate counts as published once the broker acknowledged it
+    publisher = EstimatePublisher(s.kafka_bootstrap, topics.estimates)
+
     async def send_estimate(key: bytes | None, doc: dict[str, Any]) -> None:
-        fut = await estimates_topic.send(key=key, value=doc)
-        await fut  # an estimate counts as published once the broker acknowledged it
+        await publisher.send(key, doc)
 
     consumer = FaustConsumer(app, topics.reports)
     reader = TopicReader(s.kafka_bootstrap, topics)
@@ -270,7 +275,7 @@ def create_app(settings: WorkerSettings, *, campaigns: dict[str, Campaign] | Non
             for task in tasks:
                 if task.done() and not task.cancelled() and task.exception() is not None:
                     log.error("stream-app service task failed", exc_info=task.exception())
-            for close in (worker.close, reader.close):
+            for close in (worker.close, reader.close, publisher.close):
                 try:
                     await asyncio.wait_for(close(), 2.0)
                 except Exception:  # noqa: BLE001 - shutting down: report and go on

@@ -18,6 +18,8 @@ One revision-0 final per step, fenced
     acknowledgement clears the mark. A claim left pending (its holder failed or died before the
     acknowledgement) is published again by the next tick of whoever holds the lease, unchanged: same key
     (:func:`wire.topics.estimate_key`), same document, so a retried publication is idempotent for consumers.
+    That retry is the only one: the publisher sends each estimate in one produce request and never resends it
+    behind the estimator's back (:mod:`stream_app.publisher`).
     The topic is the record of what was published: a new holder, and a holder that sees Redis restarted, reads
     ``ldp.estimates`` from where the store last read it (:meth:`Estimator._rebuild_from_topic`) and records the
     finals the store lost (an AOF cut short, a store emptied) before it publishes anything.

@@ -106,7 +106,27 @@ def test_aiokafka_producer_internals():
     assert inspect.iscoroutinefunction(producer.client.close)
 
 
-@pytest.mark.parametrize("module", ["stream_app/consumer.py", "stream_app/worker.py", "stream_app/broker.py"])
+def test_aiokafka_low_level_classes_of_the_estimate_publisher():
+    """stream_app/publisher.py builds one record batch and one produce request itself and sends it with the
+    client's ``send`` (no resend); the request and response shapes it relies on."""
+    from aiokafka.client import AIOKafkaClient
+    from aiokafka.partitioner import DefaultPartitioner
+    from aiokafka.protocol.produce import ProduceRequest
+    from aiokafka.record.default_records import DefaultRecordBatchBuilder, DefaultRecordBatch
+
+    assert _params(ProduceRequest.__init__)[1:] == ["transactional_id", "required_acks", "timeout", "topics"]
+    assert {"bootstrap", "add_topic", "force_metadata_update", "send", "close"} <= set(dir(AIOKafkaClient))
+    builder = DefaultRecordBatchBuilder(2, 0, is_transactional=0, producer_id=-1, producer_epoch=-1,
+                                        base_sequence=-1, batch_size=1024)
+    assert builder.append(0, timestamp=1, key=b"k", value=b"{}", headers=[]) is not None
+    batch = DefaultRecordBatch(bytes(builder.build()))
+    assert [(r.key, r.value) for r in batch] == [(b"k", b"{}")]
+    # the Kafka default partitioner (murmur2): the partition of every Kafka client for a key
+    assert DefaultPartitioner()(b"c:a:0", [0, 1, 2, 3], [0, 1, 2, 3]) == 2
+
+
+@pytest.mark.parametrize("module", ["stream_app/consumer.py", "stream_app/worker.py", "stream_app/broker.py",
+                                    "stream_app/publisher.py"])
 def test_the_document_names_every_module_that_uses_them(module):
     doc = (ROOT / "docs" / "architecture.md").read_text()
     section = doc.split("## Private internals of Faust and aiokafka (and uvicorn)", 1)[1]
