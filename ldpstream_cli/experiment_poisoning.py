@@ -191,6 +191,46 @@ def table(rows: Sequence[Row], title: str) -> Table:
     return t
 
 
+def _pipeline(protocol: Optional[list[str]], attack: Optional[list[str]], betas: str, eps: str, n: int, k: int,
+              r: int, seed: int, csv_path: Path) -> None:
+    """``--pipeline``: :func:`ldpstream_cli.poisoning_pipeline.run_pipeline` and its table."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from .poisoning_pipeline import PIPELINE_PROTOCOLS, run_pipeline
+
+    console = Console()
+    beta_values, eps_values = floats(betas, "--betas"), floats(eps, "--eps")
+    attacks = attack or ["MGA"]
+    if len(beta_values) != 1 or len(eps_values) != 1 or len(attacks) != 1:
+        fail("--pipeline runs one attack at one β and one ε: give --betas, --eps and --attack one value each "
+             "(e.g. --betas 0.05 --eps 1 --attack MGA)")
+    console.print(f"[bold yellow]SIMULATION MODE[/]: --seed {seed} seeds every device and attacker draw; "
+                  "the reports are NOT private.")
+    rows = run_pipeline(protocol or PIPELINE_PROTOCOLS, attacks[0], n=n, beta=beta_values[0], eps=eps_values[0],
+                        k=k, r=r, seed=seed, on_status=lambda s: console.print(f"[dim]{s}[/dim]"))
+    tab = Table(title=f"poisoning through the pipeline: {attacks[0]}, n={n:,} genuine, β={beta_values[0]:g}, "
+                      f"ε={eps_values[0]:g}, k={k}, r={r}, seed {seed}")
+    for col in ("protocol", "defense", "fakes", "gain without", "gain with", "refused at ingest",
+                "n_rejected (final)", "genuine rejected (attacked step, ≥)", "genuine rejected (honest step)"):
+        tab.add_column(col, justify="left" if col in ("protocol", "defense") else "right")
+    for row in rows:
+        tab.add_row(row.protocol, row.defense if row.defense != "none" else "none sound", f"{row.m:,}",
+                    f"{row.gain:.3f}", f"{row.gain_defended:.3f}", f"{row.refused_at_ingest:,}",
+                    f"{row.rejected_by_worker:,}",
+                    f"{row.genuine_rejected_attacked:,} ({100 * row.genuine_rejected_attacked / row.n:.2f}%)",
+                    f"{row.genuine_rejected:,} ({100 * row.genuine_rejected_fraction:.2f}%)")
+    print_table(console, tab)
+    console.print("gain = Σ over the targets of (final estimate − estimate of the genuine reports alone); "
+                  "\"none sound\": the protocol has no sound report-level defense, the gain with = without "
+                  "(docs/privacy.md, \"Poisoning\"); genuine rejected in the attacked step: what the defense left "
+                  "out beyond the fakes (a lower bound); in the honest step: what it left out of the same genuine "
+                  "reports sent alone")
+    runner.write_csv([{**asdict(row), "genuine_rejected_attacked": row.genuine_rejected_attacked,
+                       "genuine_rejected_fraction": row.genuine_rejected_fraction} for row in rows], csv_path)
+    console.print(f"CSV: {csv_path}")
+
+
 def register(group: typer.Typer) -> None:
     """Add ``ldp experiment poisoning`` to the ``experiment`` group (created by :mod:`ldpstream_cli.experiments`)."""
     from rich.console import Console
@@ -204,10 +244,12 @@ def register(group: typer.Typer) -> None:
                                          "LOLOHA. Default: GRR, OUE, OLH.")] = None,
             attack: Annotated[Optional[list[str]], typer.Option(
                 "--attack", "-a", help=f"Attacks (repeatable): {', '.join(P.ATTACKS)}. Default: all.")] = None,
-            betas: Annotated[str, typer.Option(help="Fractions of fake devices β = m / (n + m).")] = "0.01,0.05,0.10",
-            eps: Annotated[str, typer.Option(
-                help="ε values (longitudinal protocols: ε1 = ε, ε∞ = 2ε).")] = "1,3",
-            n: Annotated[int, typer.Option(help="Genuine devices.")] = 100_000,
+            betas: Annotated[Optional[str], typer.Option(
+                help="Fractions of fake devices β = m / (n + m). Default: 0.01,0.05,0.10 (--pipeline: 0.05).")] = None,
+            eps: Annotated[Optional[str], typer.Option(
+                help="ε values (longitudinal protocols: ε1 = ε, ε∞ = 2ε). Default: 1,3 (--pipeline: 1).")] = None,
+            n: Annotated[Optional[int], typer.Option(
+                help="Genuine devices. Default: 100,000 (--pipeline: 20,000).")] = None,
             k: Annotated[int, typer.Option("--k", "-k", help="Domain size.")] = 100,
             targets: Annotated[int, typer.Option("--targets", "-r", help="Target values r of the attacker.")] = 5,
             alpha: Annotated[float, typer.Option(help="False-alarm rate of every defense.")] = P.DEFAULT_ALPHA,
@@ -215,10 +257,20 @@ def register(group: typer.Typer) -> None:
             csv_path: Annotated[Path, typer.Option("--csv", help="CSV output.")] = Path("poisoning.csv"),
             plot_path: Annotated[Optional[Path], typer.Option(
                 "--plot", help="PNG plot (needs matplotlib, from the bench extra).")] = Path("poisoning.png"),
+            pipeline: Annotated[bool, typer.Option(
+                "--pipeline", help="Send the attack through a local stack, the HTTP ingest and a worker, with and "
+                                   "without the live defense (campaign `defense`): one β, one ε, one attack; "
+                                   "defaults n=20,000, β=5%, ε=1, MGA, protocols OUE, L-OSUE, GRR, L-GRR, "
+                                   "LOLOHA.")] = False,
     ) -> None:
         """Frequency gain of MGA / RIA / RVA (Cao, Jia & Gong, USENIX Security 2021) with and without the
         defenses, at several fractions of fake devices: a table, a CSV file and a plot."""
         from estimators.errors import LDPError
+
+        if pipeline:
+            _pipeline(protocol, attack, betas or "0.05", eps or "1", n or 20_000, k, targets, seed, csv_path)
+            return
+        betas, eps, n = betas or "0.01,0.05,0.10", eps or "1,3", n or 100_000
 
         bad = [a for a in (attack or []) if a not in P.ATTACKS]
         if bad:

@@ -97,10 +97,15 @@ class Metrics:
             "store_retry, kafka, rebalance, starting, stopping, or an alarm).", ["problem", "component"], registry=r)
         self.store_retries_total = Counter("ldp_store_retries_total", "Store calls of the hot path that failed "
                                            "and were retried (Redis unreachable).", registry=r)
-        # poisoning (estimators/poisoning.py): flags only, every report is still counted
+        # poisoning (estimators/poisoning.py, stream_app/defense.py)
         self.implausible_reports_total = Counter(
             "ldp_implausible_reports_total", "Counted unary reports whose number of set bits is outside its honest "
-            "law (two-sided exact tails at 1e-6 of honest reports).", ca, registry=r)
+            "law (two-sided exact tails at 1e-6 of honest reports), for attributes without a defense: flagged, "
+            "counted all the same.", ca, registry=r)
+        self.rejected_reports_total = Counter(
+            "ldp_rejected_reports_total", "Reports of valid batches the attribute's poisoning defense did not count, "
+            "by reason (implausible: the per-report size check; itemset: the final detection over the step).",
+            ca + ["reason"], registry=r)
         self.poisoning_score = Gauge(
             "ldp_poisoning_score", "z-score of the latest step's total support against its honest law (unary "
             "protocols; |z| > 4.89 is a false alarm once in 10^6 honest steps).", ca, registry=r)

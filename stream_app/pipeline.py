@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from functools import partial
 from typing import Any, Awaitable, Callable, Protocol
 
 import numpy as np
@@ -32,6 +33,7 @@ from wire.campaign import Campaign, step_at
 from wire.errors import BadPayload, EnvelopeError, ExpiredStep, FutureStep, MalformedBatch
 from wire.topics import Topics
 
+from .defense import AttributeDefense
 from .health import Health
 from .metrics import Metrics
 from .store import (APPLIED, EXPIRED, FUTURE_STEP, RETRYABLE_ERRORS, SERVER_CHANGED, STORE_RESET, Position,
@@ -51,7 +53,8 @@ class StepStore(Protocol):
     """What the hot path needs of the count store (the public methods of :class:`stream_app.store.CountStore`)."""
 
     async def apply_batch(self, campaign: str, attribute: str, t: int, counts: np.ndarray, n: int, batch_id: str,
-                          where: str = "", position: Position | None = None, bound: StepBound = ...) -> int: ...
+                          where: str = "", position: Position | None = None, bound: StepBound = ..., *,
+                          rejected: int = 0, reports: bytes = b"") -> int: ...
 
     async def apply_watermark(self, campaign: str, attribute: str, t: int, position: Position | None = None,
                               bound: StepBound = ..., count: int = 0) -> int: ...
@@ -175,6 +178,9 @@ class Pipeline:
         self._dup_warned: set[tuple[str, str]] = set()
         self._lag_children: dict[int, tuple[Any, Any]] = {}
         self._ca_children: dict[tuple[str, str], tuple[Any, Any, Any]] = {}
+        # the attributes with a poisoning defense (campaign `defense`; stream_app.defense)
+        self.defenses = {(c.id, a.name): AttributeDefense(a) for c in campaigns.values()
+                         for a in c.attributes.values() if a.defense != "none"}
         for c in campaigns.values():  # the per-attribute counters exist (at 0) from the start: no missing series
             for attribute in c.attributes:
                 self._ca(c.id, attribute)
@@ -207,6 +213,7 @@ class Pipeline:
         now = time.time()
         self._observe_lag(partition, offset, now, timestamp)
         env = None
+        screened = None  # what the attribute's poisoning defense counts of the batch (None: no defense)
         try:
             if value is None:
                 raise MalformedBatch("message without a value")
@@ -219,6 +226,10 @@ class Pipeline:
                 return "empty"
             else:
                 reports = envelope.decode_reports(env, campaign)
+                defense = self.defenses.get((env.campaign, env.attribute))
+                screened = defense.screen(reports) if defense is not None else None
+                if screened is not None:
+                    reports = screened.reports
                 counts = campaign.attributes[env.attribute].protocol.support(reports)
         except EnvelopeError as exc:
             await self.reject(exc.reason, exc.detail, partition=partition, offset=offset, key=key, env=env,
@@ -241,6 +252,10 @@ class Pipeline:
             if counts is None:
                 status = await self.calls(self.store.apply_watermark, env.campaign, env.attribute, env.t, position,
                                           bound, env.count)
+            elif screened is not None:
+                status = await self.calls(partial(self.store.apply_batch, rejected=screened.rejected,
+                                                  reports=screened.log), env.campaign, env.attribute, env.t, counts,
+                                          len(reports), env.batch_id, f"{partition}:{offset}", position, bound)
             else:
                 status = await self.calls(self.store.apply_batch, env.campaign, env.attribute, env.t, counts,
                                           env.count, env.batch_id, f"{partition}:{offset}", position, bound)
@@ -265,14 +280,18 @@ class Pipeline:
         if counts is None:
             return "watermark"
         if status == APPLIED:
-            c_reports.inc(env.count)
+            c_reports.inc(len(reports))
             c_batches.inc()
-            self.metrics.count_reports(env.count)
-            # poisoning flag (estimators.poisoning): unary reports of an implausible size are counted all the
-            # same (dropping them would change n under the estimator) and reported here
-            implausible = count_implausible(campaign.attributes[env.attribute].protocol, reports)
-            if implausible:
-                self.metrics.implausible_reports_total.labels(env.campaign, env.attribute).inc(implausible)
+            self.metrics.count_reports(len(reports))
+            if screened is not None:
+                if screened.rejected:
+                    self.metrics.rejected_reports_total.labels(env.campaign, env.attribute, "implausible").inc(
+                        screened.rejected)
+            else:
+                # without a defense, unary reports of an implausible size are counted all the same and flagged
+                implausible = count_implausible(campaign.attributes[env.attribute].protocol, reports)
+                if implausible:
+                    self.metrics.implausible_reports_total.labels(env.campaign, env.attribute).inc(implausible)
             return "applied"
         c_dups.inc()
         if (env.campaign, env.attribute) not in self._dup_warned:

@@ -105,6 +105,7 @@ from estimators.poisoning import detection_score, detection_threshold
 from wire.campaign import Attribute, Campaign
 from wire.topics import REPORTS_TOPIC
 
+from .defense import AttributeDefense, StepEstimate
 from .metrics import Metrics
 from .store import CLAIM_EXISTS, CLAIM_STALE, CountStore, StepState, WakeUps
 
@@ -146,6 +147,13 @@ def _finite_or_none(x: float | None) -> float | None:
 POISONING_THRESHOLD = detection_threshold()
 
 
+def counted_n(doc: dict[str, Any]) -> int:
+    """The reports the worker had counted for an estimate's step (``n_counted``; ``n`` in documents without it):
+    what later counts of the step are compared with. An attribute's poisoning defense may estimate over fewer
+    (``n``) when the final detection drops some."""
+    return int(doc.get("n_counted", doc["n"]))
+
+
 def due_at(campaign: Campaign, t: int, state: StepState) -> float:
     """Wall-clock time at which a step without watermark becomes final (see module doc)."""
     last = state.get("last_ts") or 0.0
@@ -154,16 +162,27 @@ def due_at(campaign: Campaign, t: int, state: StepState) -> float:
 
 def build_estimate(campaign: Campaign, attr: Attribute, t: int, state: StepState, steps_so_far: int, *,
                    final: bool, trigger: str | None, now: float, closed_ts: float | None = None,
-                   revision: int = 0, worker: str = "", fence: int = 0) -> dict[str, Any]:
+                   revision: int = 0, worker: str = "", fence: int = 0,
+                   defended: StepEstimate | None = None) -> dict[str, Any]:
     """The JSON document of one estimate (published on ``ldp.estimates``).
+
+    ``defended``: the step's estimate under the attribute's poisoning defense (:mod:`stream_app.defense`), whose
+    ``n`` and ``n_rejected`` it publishes; without it, the protocol's estimate over every counted report.
 
     ``complete`` is false when the broker may have lost some of the step's reports before they were counted
     (``incomplete``: why); ``fence``: the fencing token of the lease holder that published it; ``clock``:
     ``"wall"`` for a wall-clock step of the HTTP ingest, ``"logical"`` for a fleet's numbered step."""
     proto = attr.protocol
-    n = int(state["n"])
+    counted = int(state["n"])
+    n, rejected = counted, int(state.get("rejected") or 0)
     freq = freq_ns = var = half = None
-    if n > 0:
+    if defended is not None:
+        n, rejected = defended.n, defended.rejected
+        if n > 0:
+            freq, freq_ns = defended.frequencies.tolist(), defended.frequencies_norm_sub.tolist()
+            var = _finite(defended.variance)
+            half = 1.96 * math.sqrt(var) if var is not None else None
+    elif n > 0:
         counts = state["counts"]
         freq = proto.estimate(counts, n).tolist()
         freq_ns = proto.estimate(counts, n, postprocess="norm-sub").tolist()
@@ -171,13 +190,16 @@ def build_estimate(campaign: Campaign, attr: Attribute, t: int, state: StepState
         half = 1.96 * math.sqrt(var)
     last_input = max(x for x in (state.get("last_ts"), closed_ts, 0.0) if x is not None)
     expected = int(state.get("expected") or 0)
+    received = counted + int(state.get("rejected") or 0)
     incomplete = state.get("incomplete") or (
-        f"{n} of the {expected} reports its producer sent were counted: the broker lost the others before they "
-        f"were counted" if expected > n else None)
+        f"{received} of the {expected} reports its producer sent were received: the broker lost the others before "
+        f"they were counted" if expected > received else None)
     return {
         "campaign": campaign.id, "attribute": attr.name, "protocol": proto.name,
         "fingerprint": proto.fingerprint, "t": int(t), "final": bool(final), "trigger": trigger,
-        "revision": int(revision), "n": n,
+        "revision": int(revision), "n": n, "n_counted": counted,
+        # reports of the step its poisoning defense left out (n + n_rejected = the valid reports received)
+        "n_rejected": rejected, "defense": attr.defense,
         "frequencies": freq, "frequencies_norm_sub": freq_ns,
         "variance": var, "ci95_halfwidth": half,
         "eps_1": _finite(proto.eps_first), "eps_inf": _finite(proto.eps_inf),
@@ -186,7 +208,8 @@ def build_estimate(campaign: Campaign, attr: Attribute, t: int, state: StepState
         "steps_so_far": int(steps_so_far),
         # per-step poisoning statistic from the counts alone (estimators.poisoning.detection_score; null where
         # it has no exact law): z of the total support, |z| > poisoning_threshold flags the step
-        "poisoning_score": _finite_or_none(detection_score(proto, state["counts"], n) if n > 0 else None),
+        "poisoning_score": _finite_or_none(detection_score(proto, state["counts"], counted)
+                                           if counted > 0 and defended is None else None),
         "poisoning_threshold": POISONING_THRESHOLD,
         "labels": list(attr.labels) if attr.labels else None,
         "first_ts": state.get("first_ts"), "last_ts": state.get("last_ts"), "closed_ts": closed_ts,
@@ -230,6 +253,8 @@ class Estimator:
         if touched_batch < 1 or prune_batch < 1 or audit_steps < 0 or max_alarms < 1:
             raise ValueError("touched_batch, prune_batch and max_alarms must be >= 1 and audit_steps >= 0")
         self.campaigns = campaigns
+        self.defenses = {(c.id, a.name): AttributeDefense(a) for c in campaigns.values()
+                         for a in c.attributes.values() if a.defense != "none"}
         self.store = store
         self.metrics = metrics
         self.publish = publish
@@ -319,7 +344,7 @@ class Estimator:
                 missing = [t for t in await store.final_steps(c.id, a.name) if t not in finals]
                 for i in range(0, len(missing), 512):  # a history recorded before the finals index existed
                     chunk = missing[i:i + 512]
-                    found = {t: (int(doc["n"]), int(doc.get("revision", 0)))
+                    found = {t: (counted_n(doc), int(doc.get("revision", 0)))
                              for t, doc in zip(chunk, await store.final_estimates(c.id, a.name, chunk)) if doc}
                     await store.index_finals(c.id, a.name, found)
                     finals.update(found)
@@ -508,11 +533,15 @@ class Estimator:
                     if s["n"] == 0 or st.published.get(t) == (s["n"], s["closed"]):  # nothing (new) to estimate
                         continue
                 steps_so_far = st.pruned + await store.count_steps_through(c.id, a.name, t)
+                defended = await self._defended(c, a, t, s, final)
                 doc = build_estimate(c, a, t, s, steps_so_far, final=final, trigger=trigger,
                                      now=time.time() if now is None else now, closed_ts=cts,
-                                     revision=revision, worker=self.worker_id, fence=self.fence)
+                                     revision=revision, worker=self.worker_id, fence=self.fence, defended=defended)
                 if await self._emit(c, a, st, doc):
                     docs.append(doc)
+                    if final and revision == 0 and defended is not None and defended.rejected > s["rejected"]:
+                        self.metrics.rejected_reports_total.labels(c.id, a.name, "itemset").inc(
+                            defended.rejected - s["rejected"])
         await store.clear_touched(c.id, a.name, marks)  # after the revisions were recorded
         # every step below the first open one is final: the next scan starts there
         rest = [t for t in cand if t not in st.finalized]
@@ -631,7 +660,7 @@ class Estimator:
                          doc["revision"], held)
                 self._set_final(st, t, int(n), int(revision))
                 return False
-            self._set_final(st, t, doc["n"], doc["revision"])
+            self._set_final(st, t, counted_n(doc), doc["revision"])
             await self.publish(doc)
             await self.store.confirm_final(c.id, a.name, t, doc["revision"])
             if doc["latency_seconds"] is not None and doc["revision"] == 0:
@@ -642,13 +671,22 @@ class Estimator:
                           doc["revision"], doc["n"], doc["incomplete"])
         else:
             await self.publish(doc)
-            st.published[t] = (doc["n"], False)
+            st.published[t] = (counted_n(doc), False)
         self.metrics.estimates_published.labels("true" if doc["final"] else "false").inc()
         if t >= st.latest_t and (doc["n"] > 0 or st.latest_t < 0):
             st.latest_t = t
             await self.store.set_latest_estimate(c.id, a.name, doc)
             self._export(c, a, doc)
         return True
+
+    async def _defended(self, c: Campaign, a: Attribute, t: int, s: StepState, final: bool) -> StepEstimate | None:
+        """The step's estimate under the attribute's poisoning defense (None without one); a final of an
+        ``itemset`` defense runs the detection over the step's report log."""
+        defense = self.defenses.get((c.id, a.name))
+        if defense is None or s["n"] == 0:
+            return None
+        log = await self.store.step_reports(c.id, a.name, t) if final and defense.keeps_log else None
+        return defense.estimate(s["counts"], s["n"], s["rejected"], log)
 
     # ------------------------------------------------------------------ when a step is due
     def _grace_over(self, c: Campaign, st: _AttrState, t: int, s: StepState, now: float) -> bool:

@@ -269,7 +269,8 @@ def test_the_doc_table_is_parsed(tmp_path):
 
 
 # the worker's modules: the HTTP ingest (stream_app/ingest/) imports the wire contract and the store, never these
-WORKER_MODULES = {"app", "pipeline", "recovery", "consumer", "windows", "worker", "api", "broker", "health", "metrics"}
+WORKER_MODULES = {"app", "pipeline", "recovery", "consumer", "windows", "worker", "api", "broker", "publisher", "health",
+                  "metrics"}
 
 
 def _stream_app_modules(path: Path, package: str) -> set[str]:

@@ -44,7 +44,8 @@ class MemoryStore:
         return "memory"
 
     async def apply_batch(self, campaign: str, attribute: str, t: int, counts: np.ndarray, n: int, batch_id: str,
-                          where: str = "", position: Position | None = None, bound: StepBound = StepBound()) -> int:
+                          where: str = "", position: Position | None = None, bound: StepBound = StepBound(), *,
+                          rejected: int = 0, reports: bytes = b"") -> int:
         self.calls += 1
         if self.reset_next:
             self.reset_next = False

@@ -16,6 +16,7 @@ protocol = "L-OSUE"          # any name of estimators.PROTOCOLS
 eps_inf = 2.0                # the protocol's own parameters (estimators.make keywords)
 eps_1 = 1.0
 labels = ["v1.0", ...]       # optional, k labels for dashboards
+defense = "itemset"          # optional poisoning defense of the stream app: "none" (default), "plausibility", "itemset"
 
 [[groups]]                   # a multidimensional solution over several attributes, one total budget
 name = "device"              # [A-Za-z0-9_.-]{1,64}
@@ -35,6 +36,17 @@ A solution with fake data (RS+FD, L-RS+FD, ALLOMFREE with ``fake_data = true``) 
 ``amplification = "paper"`` or ``"none"``: with the paper's amplified budget a device's whole tuple
 of reports is ``ln(d(e^eps - 1) + 1)``-LDP, not ``eps``-LDP (``eps`` holds against a change of one
 attribute), so the campaign states which one it means and the estimates publish the tuple-level figure.
+
+Poisoning defenses (``defense``, per attribute; Cao, Jia & Gong, USENIX Security 2021; see
+``estimators.poisoning``) are server-side: they change what the stream app counts, never what a device
+sends, so they are not part of the fingerprint. ``"none"`` counts every valid report (the per-step score
+only flags). ``"plausibility"`` (unary protocols: SUE, OUE and the L-UE chains) drops each report whose number
+of set bits is implausible for an honest device, at the ingest (the request is refused) and in the worker
+(the report is not counted, the step's ``n_rejected`` says how many), and estimates with the law of the kept
+reports, so honest data stay unbiased. ``"itemset"`` adds, when a step becomes final, the co-support itemset
+detection over the step's reports (unary) or the seed-collision detection (local hashing: BLH, OLH); the
+worker keeps the step's reports in the count store until then. Direct encoding (GRR, L-GRR), LOLOHA and the
+attributes of a group have no sound report-level defense: only ``"none"`` is accepted (``docs/privacy.md``).
 
 The campaign fingerprint (a hash of the id, the step length and each attribute's protocol
 parameters) identifies the data contract; each attribute's protocol fingerprint travels in every
@@ -88,7 +100,7 @@ from estimators.multidim import Solution
 from estimators.registry import make
 from estimators.solution_registry import make_solution
 
-__all__ = ["Attribute", "Campaign", "CampaignError", "Group", "DEFAULT_RETENTION_SECONDS", "default_retention_steps",
+__all__ = ["Attribute", "Campaign", "CampaignError", "DEFENSES", "Group", "DEFAULT_RETENTION_SECONDS", "default_retention_steps",
            "load_campaigns", "step_at"]
 
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
@@ -119,9 +131,36 @@ class Attribute:
     protocol: FrequencyProtocol
     labels: tuple[str, ...] = ()
     group: str | None = None  # the multidimensional group whose solution reports this attribute
+    defense: str = "none"  # the stream app's poisoning defense (module doc): one of DEFENSES
 
     def label(self, v: int) -> str:
         return self.labels[v] if self.labels else str(v)
+
+
+#: the poisoning defenses an attribute may name (module doc)
+DEFENSES = ("none", "plausibility", "itemset")
+
+
+def _check_defense(name: str, proto: FrequencyProtocol, defense: Any) -> str:
+    """The attribute's ``defense`` if its protocol has it (module doc), else a :class:`CampaignError` saying why."""
+    from estimators.hashing import LOLOHA
+    from estimators.poisoning import family
+
+    if defense not in DEFENSES:
+        raise CampaignError(f"attribute {name!r}: defense must be one of {', '.join(DEFENSES)}, got {defense!r}")
+    if defense == "none":
+        return defense
+    fam = family(proto)
+    if fam == "direct" or fam is None or isinstance(proto, LOLOHA):
+        raise CampaignError(
+            f"attribute {name!r}: {proto.name} has no sound report-level poisoning defense (a report of direct "
+            f"encoding is a single value; LOLOHA's seed test would drop a third or more of honest reports); only "
+            f"defense = \"none\": what bounds the attack is the number of fake devices, i.e. one device token per "
+            f"attested device (docs/privacy.md, \"Poisoning\")")
+    if defense == "plausibility" and fam != "unary":
+        raise CampaignError(f"attribute {name!r}: the plausibility check applies to unary reports (SUE, OUE, the "
+                            f"L-UE chains); {proto.name} can use defense = \"itemset\"")
+    return defense
 
 
 @dataclass(frozen=True)
@@ -235,7 +274,11 @@ class Campaign:
             if name in attrs or name in ks:
                 raise CampaignError(f"attribute {name!r} is declared twice")
             labels = tuple(str(x) for x in a.pop("labels", ()))
+            defense = a.pop("defense", "none")
             if name in member_of:
+                if defense != "none":
+                    raise CampaignError(f"attribute {name!r} belongs to group {member_of[name]!r}: a group's reports "
+                                        f"have no sound report-level poisoning defense; only defense = \"none\"")
                 extra = set(a) - {"k"}
                 if extra:
                     raise CampaignError(f"attribute {name!r} belongs to group {member_of[name]!r}, whose solution "
@@ -257,7 +300,7 @@ class Campaign:
                 raise CampaignError(f"attribute {name!r}: {exc}") from exc
             if labels and len(labels) != proto.domain_size:
                 raise CampaignError(f"attribute {name!r} has {len(labels)} labels for a domain of {proto.domain_size}")
-            attrs[name] = Attribute(name, proto.k, proto, labels)
+            attrs[name] = Attribute(name, proto.k, proto, labels, defense=_check_defense(name, proto, defense))
         groups: dict[str, Group] = {}
         for g in groups_raw:
             spec = dict(g)

@@ -17,6 +17,10 @@ In order (the first failure answers):
    list): 413 ``too_many_reports`` past the credential's limit (device, relay);
 6. decoding, all-or-nothing: 400 with the reason of the first bad report (and ``errors``, one per bad
    JSON object); the report count again (413 ``too_many_reports``), for a JSON list before validating its items;
+   Then the poisoning defense of the attributes that have one per report (campaign ``defense``, unary
+   protocols: :mod:`stream_app.defense`): 422 ``implausible_report`` with the indices of the reports whose
+   number of set bits no honest device produces (at most 1e-6 of honest reports), all-or-nothing; each such
+   report counts in ``ldp_rejected_reports_total{reason="implausible"}``;
 7. campaign (tokens only): 403 ``wrong_campaign`` for a report of a campaign the token is not for; relay
    tokens: their reports per second (:mod:`.token_rate`), 429 ``relay_rate_limited`` past it; steps: 400
    ``step_out_of_window`` for a ``t`` outside :func:`.limits.step_window`;
@@ -42,12 +46,16 @@ import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Container, Mapping, NamedTuple
 
+import numpy as np
+
+from estimators.poisoning import implausible
 from wire.campaign import Campaign
 from wire.compact import CONTENT_TYPE as COMPACT_TYPE
 from wire.compact import decode_compact
 from wire.errors import EnvelopeError
 from wire.single_report import SingleReport, decode_report_request, decode_single_report
 
+from ..defense import AttributeDefense
 from ..store import RETRYABLE_ERRORS, LedgerEntry, RateSlot
 from .auth import AuthError, Credential, TokenAuthority
 from .batcher import PublishError
@@ -113,6 +121,9 @@ class ReportHandler:
         self.revoked = revoked  # revocation ids (:meth:`TokenAuthority.revocation_id`)
         self.request_rates = request_rates or {}  # relay? -> requests per token
         self.relay_reports = relay_reports  # reports per relay token
+        # the attributes whose poisoning defense checks each report (stream_app.defense: unary, not "none")
+        self.checks = {(c.id, a.name): d for c in campaigns.values() for a in c.attributes.values()
+                       if a.defense != "none" and (d := AttributeDefense(a)).check is not None}
 
     async def handle(self, headers: Mapping[str, str], read_body: ReadBody) -> Reply:
         """Answer one request (``headers``: case-insensitive or lower-case names)."""
@@ -163,7 +174,38 @@ class ReportHandler:
         decoded = await self._decode(ctype, body, now, most)
         if isinstance(decoded, Reply):
             return decoded
+        if self.checks:
+            refused = self._implausible(decoded)
+            if refused is not None:
+                return refused
         return await self._admit(decoded, cred, key, body, now)
+
+    def _implausible(self, items: list[SingleReport]) -> Reply | None:
+        """422 if a report of an attribute with a per-report defense is implausible (module doc, step 6); the
+        ``errors`` name each such report by its index in the request (a compact body's reports numbered across
+        its sections)."""
+        rows: dict[tuple[str, str], list[tuple[int, np.ndarray]]] = {}
+        first = 0
+        for item in items:
+            if (item.campaign.id, item.attribute) in self.checks:
+                rows.setdefault((item.campaign.id, item.attribute), []).append((first, item.reports))
+            first += len(item.reports)
+        bad: list[dict[str, Any]] = []
+        detail = ""
+        for (cid, attribute), parts in rows.items():
+            defense = self.checks[(cid, attribute)]
+            flags = implausible(defense.proto, np.concatenate([r for _, r in parts]), defense.alpha)
+            if not flags.any():
+                continue
+            self.metrics.rejected_reports_total.labels(cid, attribute, "implausible").inc(int(flags.sum()))
+            index = np.concatenate([np.arange(start, start + len(r)) for start, r in parts])
+            detail = (f"the report of {cid}/{attribute} sets a number of bits outside [{defense.check.lo}, "
+                      f"{defense.check.hi}], which no honest device does")
+            bad += [{"index": int(i), "reason": "implausible_report"} for i in index[flags]]
+        if not bad:
+            return None
+        bad.sort(key=lambda e: e["index"])
+        return self.refuse(422, "implausible_report", detail, rejected=len(bad), errors=bad, accepted=0)
 
     def _too_many(self, n: int, most: int, *, at_least: bool = False) -> Reply:
         return self.refuse(413, "too_many_reports", f"{'at least ' if at_least else ''}{n} reports in one "

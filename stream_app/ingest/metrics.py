@@ -30,6 +30,10 @@ class IngestMetrics:
             registry=r)
         self.reports_total = Counter("ldp_ingest_reports_total", "Reports published to Kafka by the ingest.",
                                      ["campaign", "attribute"], registry=r) if reports else None
+        self.rejected_reports_total = Counter(
+            "ldp_rejected_reports_total", "Reports the attribute's poisoning defense refused, by reason (at the "
+            "ingest: implausible, the per-report size check of unary reports; the request is refused).",
+            ["campaign", "attribute", "reason"], registry=r)
         self.replayed_total = Counter("ldp_ingest_replayed_total", "Requests answered from their idempotency "
                                       "record (a retry with the same Idempotency-Key): nothing published.", registry=r)
         self.publish_seconds = Histogram("ldp_ingest_publish_seconds", "From a request's validated reports to "

@@ -28,7 +28,7 @@ from .ingest_ledger import IngestClaim, IngestLedger, LedgerEntry, RateSlot, Req
 from .keys import (closed_ts_key, count_key, cursor_key, epoch_key, estimates_key, estimates_read_key,
                    fence_counter_key, fence_key, finals_key, floor_key, latest_key, lease_key, newest_final_key,
                    pending_key, positions_key, pruned_key, rate_slot_key, request_key, revoked_tokens_key,
-                   revoked_version_key, server_marker_key, steps_key, touched_key, wake_channel)
+                   revoked_version_key, server_marker_key, step_reports_key, steps_key, touched_key, wake_channel)
 from .lease import Lease, WakeUps
 from .positions import Position, Positions
 from .retention import Retention
@@ -42,7 +42,7 @@ __all__ = ["ALREADY_CLOSED", "APPLIED", "CLAIMED", "CLAIM_EXISTS", "CLAIM_STALE"
            "fence_key", "finals_key", "floor_key", "is_cluster_url", "latest_key", "lease_key", "newest_final_key",
            "pending_key", "positions_key", "pruned_key", "rate_slot_key", "read_step_sync", "request_key",
            "revoked_tokens_key", "revoked_version_key", "Revocations",
-           "server_marker_key", "steps_key", "touched_key", "wake_channel"]
+           "server_marker_key", "step_reports_key", "steps_key", "touched_key", "wake_channel"]
 
 
 class CountStore(Counts, Positions, Estimates, Retention, Lease, IngestLedger, Revocations, StoreConnection):

@@ -7,6 +7,7 @@ hash per step (:func:`.keys.count_key`), whatever the kind of report. Fields of 
 * ``c:<j>``: element ``j`` of the flattened vector (absent: 0); ``dtype`` (``int64`` or ``float64``) and ``shape``
   (``"k"`` or ``"r,c"``): recorded by the step's first batch (:class:`VectorType`);
 * ``n``: reports counted; ``b:<batch_id>``: an applied batch (value ``<partition>:<offset>``): the batch ledger;
+* ``rejected``: reports of applied batches that the attribute's poisoning defense did not count (absent: 0);
 * ``closed``: 1 once a watermark for the step was applied; ``expected``: the reports its watermark says the
   producer sent (absent: not stated);
 * ``first_ts`` / ``last_ts``: wall-clock time (s) of the first / last applied batch; ``wall``: 1 if the step got
@@ -19,7 +20,9 @@ its partition or offset. The same script checks the campaign's epoch (gone: Redi
 :data:`STORE_RESET`), its server marker (:mod:`.connection`: :data:`SERVER_CHANGED`), the retention floor
 (:data:`EXPIRED`) and the step bound (:data:`FUTURE_STEP`), indexes the step, marks it touched and writes the
 campaign's cursor and (one node) the consumer position, all atomically. Every key but the position shares the
-campaign's hash tag (Redis-Cluster-safe).
+campaign's hash tag (Redis-Cluster-safe). For an attribute whose defense runs over a step's reports
+(``defense = "itemset"``) the same script appends the batch's counted reports, packed, to the step's report log
+(:func:`.keys.step_reports_key`), so the log holds exactly the counted reports, each once.
 """
 from __future__ import annotations
 
@@ -32,7 +35,7 @@ from wire.envelope import is_wall_clock
 
 from .connection import connect_sync, is_cluster_url, _shared_cluster_client, new_token
 from .keys import (closed_ts_key, count_key, cursor_key, epoch_key, floor_key, newest_final_key, positions_key,
-                   server_marker_key, steps_key, touched_key)
+                   server_marker_key, step_reports_key, steps_key, touched_key)
 from .positions import Position, Positions, position_entry
 
 __all__ = ["ALREADY_CLOSED", "APPLIED", "Counts", "DUPLICATE_BATCH_ID", "EXPIRED", "FUTURE_STEP", "SERVER_CHANGED",
@@ -106,13 +109,14 @@ class StepState(TypedDict):
     wall: bool  # a wall-clock step: counted from the HTTP ingest (its batch ids begin with ``http:``)
     expected: int  # the reports its watermark says the producer sent (0: not stated)
     incomplete: str | None  # why the step may lack reports the broker lost (:meth:`CountStore.mark_incomplete`)
+    rejected: int  # reports the attribute's poisoning defense did not count
 
 
 def _parse_step(raw: Mapping[bytes, bytes], size: int) -> StepState:
     """A step hash as read (``size``: the length of the flat vector wanted)."""
     counts = np.zeros(size, dtype=np.float64 if raw.get(b"dtype") == b"float64" else np.int64)
     state = StepState(counts=counts, n=0, closed=False, first_ts=None, last_ts=None, wall=False, expected=0,
-                      incomplete=None)
+                      incomplete=None, rejected=0)
     for k, v in raw.items():
         if k.startswith(_BATCH_PREFIX):  # applied batch ids: not part of the step's counts
             continue
@@ -133,6 +137,8 @@ def _parse_step(raw: Mapping[bytes, bytes], size: int) -> StepState:
             state["wall"] = True
         elif k == "expected":
             state["expected"] = int(v)
+        elif k == "rejected":
+            state["rejected"] = int(v)
         elif k == "incomplete":
             state["incomplete"] = v.decode(errors="replace")
     return state
@@ -200,7 +206,8 @@ class Counts(Positions):
         return status
 
     async def apply_batch(self, campaign: str, attribute: str, t: int, counts: np.ndarray, n: int, batch_id: str,
-                          where: str = "", position: Position | None = None, bound: StepBound = StepBound()) -> int:
+                          where: str = "", position: Position | None = None, bound: StepBound = StepBound(), *,
+                          rejected: int = 0, reports: bytes = b"") -> int:
         """Add a batch's step vector (``counts``: the protocol's aggregate of the batch, any shape) unless its
         ``batch_id`` was already applied to step ``t``.
 
@@ -212,14 +219,16 @@ class Counts(Positions):
         :meth:`cursors` showed nothing lost). ``where`` (``"<partition>:<offset>"``) is kept with the batch id
         for diagnosis. ``position``: the message's consumer position, recorded with the batch unless the step was
         refused: the position never runs ahead of the counts, even after an AOF loss. ``bound``: how far ahead
-        step ``t`` may be (:class:`StepBound`); beyond it :data:`FUTURE_STEP`, nothing changed."""
+        step ``t`` may be (:class:`StepBound`); beyond it :data:`FUTURE_STEP`, nothing changed. ``rejected``: the
+        batch's reports the poisoning defense did not count (added to the step's ``rejected``); ``reports``: the
+        counted reports, packed, appended to the step's report log (:meth:`step_reports`)."""
         if not batch_id:
             raise ValueError("a batch must have a batch id")
         values = np.asarray(counts)
         vtype = VectorType.of(values)
         return await self._run_apply("apply_batch", campaign, attribute, t, is_wall_clock(batch_id), bound, position,
-                                     [_stamp(time.time()), int(n), batch_id, where, *vtype.args(),
-                                      *vtype.pairs(values)])
+                                     [_stamp(time.time()), int(n), batch_id, where, *vtype.args(), int(rejected),
+                                      reports, *vtype.pairs(values)])
 
     async def apply_watermark(self, campaign: str, attribute: str, t: int, position: Position | None = None,
                               bound: StepBound = StepBound(), count: int = 0) -> int:
@@ -231,6 +240,11 @@ class Counts(Positions):
     async def read_step(self, campaign: str, attribute: str, t: int, size: int) -> StepState:
         """The counts and state of step ``t`` (``size``: the protocol's support size)."""
         return _parse_step(await self.redis.hgetall(count_key(campaign, attribute, t)), size)
+
+    async def step_reports(self, campaign: str, attribute: str, t: int) -> bytes:
+        """The report log of step ``t``: the packed reports of its applied batches, in the order applied
+        (empty unless the attribute keeps one: ``defense = "itemset"``)."""
+        return bytes(await self.redis.get(step_reports_key(campaign, attribute, t)) or b"")
 
     async def read_steps(self, campaign: str, attribute: str, ts: list[int], size: int) -> list[StepState]:
         """:meth:`read_step` of each step of ``ts`` in one round trip (one connection, however many steps)."""

@@ -90,7 +90,7 @@ class Estimates(StoreConnection):
         t = int(doc["t"])
         status, detail = await self._scripts["claim_final"](
             keys=self._final_keys(campaign, attribute, app_id),
-            args=[int(token), t, int(doc["revision"]), int(doc["n"]), json.dumps(doc),
+            args=[int(token), t, int(doc["revision"]), int(doc.get("n_counted", doc["n"])), json.dumps(doc),
                   "1" if doc.get("clock") == "wall" else "0"])
         return int(status), detail.decode() if isinstance(detail, bytes) else str(detail)
 
@@ -112,7 +112,8 @@ class Estimates(StoreConnection):
         expired); clear its pending mark. Returns whether the history changed."""
         return bool(await self._scripts["restore_final"](
             keys=self._final_keys(campaign, attribute, app_id) + [floor_key(campaign, attribute)],
-            args=[int(doc.get("fence") or 0), int(doc["t"]), int(doc.get("revision", 0)), int(doc["n"]),
+            args=[int(doc.get("fence") or 0), int(doc["t"]), int(doc.get("revision", 0)),
+                  int(doc.get("n_counted", doc["n"])),
                   json.dumps(doc), "1" if doc.get("clock") == "wall" else "0"]))
 
     async def estimates_read(self, app_id: str) -> dict[int, int]:

@@ -38,7 +38,7 @@ from __future__ import annotations
 __all__ = ["closed_ts_key", "count_key", "cursor_key", "epoch_key", "estimates_key", "estimates_read_key",
            "fence_counter_key", "fence_key", "finals_key", "floor_key", "latest_key", "lease_key", "newest_final_key",
            "pending_key", "positions_key", "pruned_key", "rate_slot_key", "request_key", "revoked_tokens_key",
-           "revoked_version_key", "server_marker_key", "steps_key", "touched_key", "wake_channel"]
+           "revoked_version_key", "server_marker_key", "step_reports_key", "steps_key", "touched_key", "wake_channel"]
 
 
 def _attribute_prefix(campaign: str, attribute: str) -> str:
@@ -48,6 +48,16 @@ def _attribute_prefix(campaign: str, attribute: str) -> str:
 def count_key(campaign: str, attribute: str, t: int) -> str:
     """Hash of the support counts of step ``t``."""
     return f"{_attribute_prefix(campaign, attribute)}:{t}"
+
+
+#: suffix of a step's count key that names its report log (``step_reports_key``; the Lua scripts append it)
+REPORTS_SUFFIX = ":reports"
+
+
+def step_reports_key(campaign: str, attribute: str, t: int) -> str:
+    """String of the packed reports of step ``t`` counted so far (kept only for an attribute whose poisoning
+    defense runs over the step's reports: ``defense = "itemset"``)."""
+    return count_key(campaign, attribute, t) + REPORTS_SUFFIX
 
 
 def steps_key(campaign: str, attribute: str) -> str:

@@ -9,7 +9,7 @@ local removed = 0
 for i = 1, #ARGV do
   local t = tonumber(ARGV[i])
   if t < floor then
-    redis.call('UNLINK', KEYS[8 + i])
+    redis.call('UNLINK', KEYS[8 + i], KEYS[8 + i] .. ':reports')
     local gone = redis.call('ZREM', KEYS[2], ARGV[i])
     removed = removed + gone
     if gone == 1 and t > top then
