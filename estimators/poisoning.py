@@ -394,7 +394,7 @@ def _count_outside(bits, pop, lo, hi):
 def set_bits(reports: np.ndarray) -> np.ndarray:
     """Number of set bits of every packed unary report, ``int64 (n,)``."""
     r = np.ascontiguousarray(reports, dtype=np.uint8)
-    return _row_bits(r.reshape(r.shape[0], -1), _POP8)
+    return _row_bits(r.reshape(r.shape[0], int(np.prod(r.shape[1:], dtype=np.int64))), _POP8)
 
 
 def implausible(proto: FrequencyProtocol, reports: np.ndarray, alpha: float = DEFAULT_ALPHA) -> np.ndarray:

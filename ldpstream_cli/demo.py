@@ -76,9 +76,14 @@ def run_demo(campaign_path: Path, devices: int, steps: int, workers: int, batch:
     run = Path(tempfile.mkdtemp(prefix="ldp-demo-"))
     try:
         return _run(run, campaign_path, campaign, devices, steps, workers, batch, step_seconds, seed, top, console)
+    except KeyboardInterrupt:  # one that came out of a cleanup step: cleaned up as far as it got
+        return 130
     finally:
         signal.signal(signal.SIGTERM, previous)
-        signal.signal(signal.SIGINT, previous_int)
+        if not _terminated:
+            # interrupted: the process exits now, and a late SIGINT must not turn the exit into a crash by
+            # signal (an uncaught KeyboardInterrupt makes Python exit by SIGINT, status -2)
+            signal.signal(signal.SIGINT, previous_int)
         if keep_run_dir:
             console.print(f"run directory kept: {run}", soft_wrap=True)
         else:

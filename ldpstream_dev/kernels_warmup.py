@@ -39,20 +39,15 @@ _OPTION_SETS = (dict(k=20, eps=1.0, eps_inf=2.0, eps_1=1.0, b=20, d=1),
 
 def _protocol(name: str) -> None:
     import estimators
-    from estimators.poisoning import count_implausible
     from estimators.registry import parameters
+    from estimators.warmup import warm_up_protocol
 
     takes = parameters(name)
     for options in _OPTION_SETS:
         proto = estimators.make(name, **{k: v for k, v in options.items() if k in takes})
         values = np.arange(64, dtype=np.int64) % proto.k
         for rng in (None, np.random.default_rng(0)):  # the CSPRNG path and the labelled simulation mode
-            reports = proto.randomize(values, rng, state=proto.new_state(64, rng=rng))
-            decoded = proto.decode(proto.encode(reports))  # read-only, as a worker's consumer sees them
-            for batch in (reports, decoded):
-                count_implausible(proto, batch)
-                support = proto.support(batch)
-            proto.estimate(support, 64)
+            warm_up_protocol(proto, proto.randomize(values, rng, state=proto.new_state(64, rng=rng)))
 
 
 def _solution(name: str) -> None:

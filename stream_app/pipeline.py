@@ -28,6 +28,7 @@ from typing import Any, Awaitable, Callable, Protocol
 import numpy as np
 
 from estimators.poisoning import count_implausible
+from estimators.warmup import warm_up_protocol
 from wire import envelope
 from wire.campaign import Campaign, step_at
 from wire.errors import BadPayload, EnvelopeError, ExpiredStep, FutureStep, MalformedBatch
@@ -198,9 +199,7 @@ class Pipeline:
                 reports = samples.get(a.name)
                 if reports is None:
                     reports = p.randomize(np.zeros(4, dtype=np.int64), None, state=p.new_state(4))
-                p.support(p.decode(p.encode(reports)))
-                count_implausible(p, reports)  # compiles the poisoning flag's kernel
-                p.estimate(p.support(reports), max(len(reports), 1))
+                warm_up_protocol(p, reports)
 
     # ------------------------------------------------------------------ the hot path
     async def process(self, value: bytes | None, partition: int, offset: int, key: bytes | None = None,

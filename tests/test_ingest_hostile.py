@@ -4,7 +4,8 @@ one port, real sockets) on the local stack (tansu + redis-server):
 * twice the service's per-address connection cap of idle sockets from one address: the connections past the
   cap are closed at once, the others after the first-byte timeout, and 20 clients from other addresses
   (127.0.0.2 .. 127.0.0.21) all get 200 meanwhile;
-* a 1 MiB body of 10,000 reports with a device token is refused (413) before decoding, with a few ms of ingest CPU
+* a 1 MiB body of 10,000 reports with a device token is refused (413) from its headers, before a byte of it is
+  read, with at most 2 ms of ingest CPU
   (the ingest processes' scheduler time, median over 20 requests, minus the median of idle intervals);
 * a token revoked with ``ldp tokens revoke`` is refused by every ingest process within 1 s;
 * a token of campaign A is refused for campaign B (403); a device token's requests are rate-limited, refused
@@ -166,7 +167,7 @@ def test_a_1_mib_body_of_10000_reports_is_refused_before_decoding(ingest):
             w0, c0 = time.perf_counter(), _cpu_ns(procs)
             status, doc = request(conn, body, token)
             c1, w1 = _cpu_ns(procs), time.perf_counter()
-            assert status == 413 and doc["error"] == "too_many_reports", doc
+            assert status == 413 and doc["error"] == "body_too_large", doc
             costs.append(c1 - c0)
             walls.append(w1 - w0)
             c2 = _cpu_ns(procs)
@@ -176,9 +177,10 @@ def test_a_1_mib_body_of_10000_reports_is_refused_before_decoding(ingest):
         for conn in conns:
             conn.close()
     cost_ms = (statistics.median(costs) - statistics.median(idle)) / 1e6
-    # issue 20 asks for at most 2 ms: alone this measures 1.6-2.0 ms, and up to 2.2 ms under the full suite's
-    # load (most of it is receiving the 1 MiB); decoding it would cost ~100 ms, so 3 ms still fails that
-    assert cost_ms <= 3.0, (cost_ms, sorted(costs), sorted(idle), sorted(walls))
+    # issue 20: at most 2 ms. A device token's Content-Length is refused before the body is read (reading,
+    # counting and decoding the 1 MiB cost 1.6-2.2 ms, decoding alone ~100 ms)
+    print(f"ingest CPU per 1 MiB refusal: {cost_ms:.3f} ms (median of 20, idle baseline subtracted)")
+    assert cost_ms <= 2.0, (cost_ms, sorted(costs), sorted(idle), sorted(walls))
 
 
 # ---------------------------------------------------------------------------- revocation

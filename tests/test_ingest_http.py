@@ -25,6 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from stream_app.ingest.asgi import IngestAsgi
+from stream_app.ingest.handler import BodyTooLarge
 from stream_app.ingest.server import ConnectionGuard, IngestHttpProtocol
 from stream_app.ingest.service import Request, Response
 
@@ -56,13 +57,19 @@ class EchoApp:
         self.refusals.append(reason)
 
     async def route(self, request: Request) -> Response:
+        # a request counts as seen once its body is read, as the ingest's handler acts on a request (a malformed
+        # body is refused by the server while the handler waits for it, and the handler never returns)
+        try:
+            body, too_large = await request.read(self.settings.max_body_bytes), False
+        except BodyTooLarge:
+            body, too_large = b"", True
         self.seen.append(request)
         if request.path == "/slow":
             await self.release.wait()
         if request.path == "/fail":
             raise RuntimeError("the handler failed")
-        doc = {"method": request.method, "path": request.path, "body": request.body.decode("latin-1"),
-               "too_large": request.too_large, "headers": request.headers}
+        doc = {"method": request.method, "path": request.path, "body": body.decode("latin-1"),
+               "too_large": too_large, "headers": request.headers}
         return Response(200, (("content-type", "application/json"),), json.dumps(doc).encode())
 
 

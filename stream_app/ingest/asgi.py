@@ -6,8 +6,11 @@ Lifespan startup starts the process's :class:`~.service.IngestApp` (producer, Re
 app), quiets the garbage collector (:func:`~.service.quiet_garbage_collector`) and, in a worker process of a
 supervisor, watches that supervisor (killed with SIGKILL, nobody forwards SIGTERM: the worker stops within a
 second). Shutdown stops the app. A request reaches the handler as a :class:`~.service.Request`: lower-case
-header names, repeated fields joined by ``", "``, the body read whole, at most ``max_body_bytes`` (over it,
-announced or while it arrives: ``too_large``, and the answer closes the connection).
+header names, repeated fields joined by ``", "``, and a reader of the body, which the handler calls only after
+the checks that need the headers alone (a token, the ``Content-Length`` its kind allows), so a request refused
+there costs nothing of its body: uvicorn drops what still arrives. A body read past its limit (announced or while
+it arrives), or one never read that is larger than ``max_body_bytes`` or of unknown length, is answered with
+``Connection: close``: the rest of it is not read.
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ import threading
 import time
 from typing import Any, Awaitable, Callable
 
+from .handler import BodyTooLarge
 from .server import GUARD_KEY, ConnectionGuard
 from .service import IngestApp, Request, Response, configure_logging, create_app, quiet_garbage_collector
 
@@ -29,6 +33,10 @@ Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 _INTERNAL = Response(500, (("content-type", "application/json"),), b'{"error":"internal_error"}')
+
+
+class _ClientGone(Exception):
+    """The client disconnected while its body was read."""
 
 
 class IngestAsgi:
@@ -87,32 +95,43 @@ class IngestAsgi:
             headers[name] = value if old is None else f"{old}, {value}"
         limit = app.settings.max_body_bytes
         length = headers.get("content-length")
-        too_large = length is not None and length.isdecimal() and int(length) > limit
-        body = b""
-        if not too_large:
+        announced = int(length) if length is not None and length.isdecimal() else None
+        state = {"read": False, "cut": False}  # the body was read / its reading stopped past a limit
+
+        async def read_body(most: int) -> bytes:
+            most = min(most, limit)
+            state["read"] = True
+            if announced is not None and announced > most:
+                state["cut"] = True
+                raise BodyTooLarge()
             chunks: list[bytes] = []
             size, more = 0, True
             while more:
                 message = await receive()
                 if message["type"] != "http.request":
-                    return  # the client went away
+                    raise _ClientGone()
                 chunk = message.get("body", b"")
                 size += len(chunk)
-                if size > limit:
-                    too_large = True
-                    break
+                if size > most:
+                    state["cut"] = True
+                    raise BodyTooLarge()
                 chunks.append(chunk)
                 more = message.get("more_body", False)
-            body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-        request = Request(scope["method"], scope["path"], headers, body, too_large)
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+        request = Request(scope["method"], scope["path"], headers, read_body)
         try:
             response = await app.route(request)
+        except _ClientGone:
+            return  # nothing to answer
         except Exception:  # noqa: BLE001 - one request's failure: logged, answered 500
             log.exception("the handler failed on %s %s", request.method, request.path)
             response = _INTERNAL
         out = [(n.encode("latin-1"), v.encode("latin-1")) for n, v in response.headers]
         out.append((b"content-length", str(len(response.body)).encode("ascii")))
-        if too_large:
+        chunked = "chunked" in headers.get("transfer-encoding", "").lower()
+        unread = not state["read"] and ((announced is not None and announced > limit) or (announced is None and chunked))
+        if state["cut"] or unread:
             out.append((b"connection", b"close"))  # the rest of the body is not read
         await send({"type": "http.response.start", "status": response.status, "headers": out})
         await send({"type": "http.response.body", "body": response.body})

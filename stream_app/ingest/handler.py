@@ -11,8 +11,10 @@ In order (the first failure answers):
 2. ``Content-Type``: ``application/json`` (the default; :mod:`wire.single_report`: one object or a list)
    or ``application/x-ldp-reports`` (:mod:`wire.compact`); 415 ``unsupported_media_type`` otherwise;
 3. ``Idempotency-Key`` (optional): 1-255 visible ASCII characters, else 400 ``bad_idempotency_key``;
-4. body size: 413 ``body_too_large`` past ``max_body_bytes`` (from ``Content-Length`` before reading, or
-   while reading a chunked body);
+4. body size: 413 ``body_too_large`` past ``max_body_bytes``, and for a device token past what its
+   ``max_device_reports`` reports can take (:func:`largest_report_bytes`: the campaigns' largest JSON report, with
+   room for whitespace), from ``Content-Length`` before a byte of the body is read (or while reading a chunked
+   body);
 5. report count *before decoding* (:mod:`.precount`: the compact section headers, a lower bound of a JSON
    list): 413 ``too_many_reports`` past the credential's limit (device, relay);
 6. decoding, all-or-nothing: 400 with the reason of the first bad report (and ``errors``, one per bad
@@ -53,7 +55,8 @@ from wire.campaign import Campaign
 from wire.compact import CONTENT_TYPE as COMPACT_TYPE
 from wire.compact import decode_compact
 from wire.errors import EnvelopeError
-from wire.single_report import SingleReport, decode_report_request, decode_single_report
+from wire.envelope import MAX_STEP
+from wire.single_report import SingleReport, decode_report_request, decode_single_report, encode_single_report
 
 from ..defense import AttributeDefense
 from ..store import RETRYABLE_ERRORS, LedgerEntry, RateSlot
@@ -99,6 +102,28 @@ class HandlerLimits:
     max_early_seconds: float = 60.0
 
 
+def largest_report_bytes(campaigns: Mapping[str, Campaign]) -> int:
+    """Bytes of the largest JSON report object (:mod:`wire.single_report`, with its optional ``protocol`` and
+    ``fingerprint``, the largest step) of any attribute of ``campaigns``; a compact body's report is smaller."""
+    most = 0
+    for c in campaigns.values():
+        grouped: dict[str, np.ndarray] = {}  # a group's attributes: one report of each, from its solution
+        for g in c.groups.values():
+            out = g.solution.randomize(np.zeros((256, g.solution.d), dtype=np.int64), None,
+                                       state=g.solution.new_state(256))  # a sampling solution: some per attribute
+            grouped.update((name, r[:1]) for name, r in zip(g.attributes, out.reports) if len(r))
+        for a in c.attributes.values():
+            p = a.protocol
+            one = grouped.get(a.name)
+            if one is None and a.group is not None:
+                continue  # not drawn in 256 devices (a solution that rarely samples it): its siblings' size
+            if one is None:
+                one = p.randomize(np.zeros(1, dtype=np.int64), None, state=p.new_state(1))
+            obj = {**encode_single_report(c, a.name, MAX_STEP, one), "protocol": p.name, "fingerprint": p.fingerprint}
+            most = max(most, len(json.dumps(obj, separators=(",", ":"))))
+    return most
+
+
 def _doc(status: int, doc: dict[str, Any], headers: tuple[tuple[str, str], ...] = ()) -> Reply:
     return Reply(status, json.dumps(doc, separators=(",", ":")).encode(), headers)
 
@@ -121,6 +146,9 @@ class ReportHandler:
         self.revoked = revoked  # revocation ids (:meth:`TokenAuthority.revocation_id`)
         self.request_rates = request_rates or {}  # relay? -> requests per token
         self.relay_reports = relay_reports  # reports per relay token
+        # what a device token's largest request can weigh: its reports at most, each at most the largest
+        # report of the campaigns written with generous whitespace
+        self.device_body_bytes = limits.max_device_reports * (2 * largest_report_bytes(campaigns) + 64) + 1024
         # the attributes whose poisoning defense checks each report (stream_app.defense: unary, not "none")
         self.checks = {(c.id, a.name): d for c in campaigns.values() for a in c.attributes.values()
                        if a.defense != "none" and (d := AttributeDefense(a)).check is not None}
@@ -162,6 +190,8 @@ class ReportHandler:
         if key is not None and not (0 < len(key) <= 255 and key.isascii() and key.isprintable() and " " not in key):
             return self.refuse(400, "bad_idempotency_key", "an Idempotency-Key has 1-255 visible ASCII characters")
         limit = self.limits.max_body_bytes
+        if cred is not None and not cred.relay:
+            limit = min(limit, self.device_body_bytes)
         length = headers.get("content-length")
         if length is not None and length.strip().isdecimal() and int(length) > limit:  # "²".isdigit(), int("²") fails
             return self.refuse(413, "body_too_large", f"the body has {int(length)} bytes, at most {limit} are accepted")

@@ -56,14 +56,15 @@ ASGI_FACTORY = "stream_app.ingest.asgi:create_asgi"
 
 
 class Request(NamedTuple):
-    """One request, read whole: method, path (no query string), headers (lower-case names, repeated fields joined
-    by ``", "``), body; ``too_large`` when the body exceeded ``max_body_bytes`` (then not read)."""
+    """One request: method, path (no query string), headers (lower-case names, repeated fields joined by
+    ``", "``) and ``read``, which reads the body when the handler asks for it, after the checks that need only the
+    headers (:data:`~stream_app.ingest.handler.ReadBody`: ``BodyTooLarge`` past the limit it is given or
+    ``max_body_bytes``)."""
 
     method: str
     path: str
     headers: dict[str, str]
-    body: bytes
-    too_large: bool = False
+    read: ReadBody
 
 
 class Response(NamedTuple):
@@ -183,7 +184,7 @@ class IngestApp:
         if path == "/reports":
             if method != "POST":
                 return Response(405, (_JSON, ("allow", "POST")), b'{"error":"method_not_allowed"}')
-            reply = await self.handler.handle(request.headers, _body_reader(request))  # type: ignore[union-attr]
+            reply = await self.handler.handle(request.headers, request.read)  # type: ignore[union-attr]
             return Response(reply.status, (_JSON, *reply.headers), reply.body)
         if path == "/health" and method in ("GET", "HEAD"):
             healthy, problems = await self.health()
@@ -213,17 +214,6 @@ class IngestApp:
         except (asyncio.TimeoutError, *RETRYABLE_ERRORS):
             problems.append("redis")
         return not problems, problems
-
-
-def _body_reader(request: Request) -> ReadBody:
-    """A :data:`~stream_app.ingest.handler.ReadBody` over a request the server read whole (or found too large)."""
-
-    async def read(limit: int) -> bytes:
-        if request.too_large or len(request.body) > limit:
-            raise BodyTooLarge()
-        return request.body
-
-    return read
 
 
 def create_app() -> IngestApp:

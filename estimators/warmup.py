@@ -1,0 +1,26 @@
+"""Compile, before the first batch, every numba kernel a worker runs on a protocol's reports.
+
+One function for the worker's start (:meth:`stream_app.pipeline.Pipeline.warm_up`) and the test suite's
+kernel warm-up (``ldpstream_dev.kernels_warmup``), so both compile the same signatures: the support of freshly
+randomized reports and of their decoded, read-only form (what a consumer hands the worker), the poisoning
+checks of unary reports, and the estimate.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .base import FrequencyProtocol
+from .poisoning import count_implausible, family, implausible
+
+__all__ = ["warm_up_protocol"]
+
+
+def warm_up_protocol(proto: FrequencyProtocol, reports: np.ndarray) -> None:
+    """Run the worker's kernels once on ``reports`` (a few of ``proto``'s reports) and on their decoded form."""
+    decoded = proto.decode(proto.encode(reports))
+    for batch in (reports, decoded):
+        count_implausible(proto, batch)
+        if family(proto) == "unary":
+            implausible(proto, batch)
+        support = proto.support(batch)
+    proto.estimate(support, max(len(reports), 1))  # type: ignore[possibly-undefined]
