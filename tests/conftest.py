@@ -94,6 +94,7 @@ RUN_FIRST = (
     "tests/test_install.py",
     "tests/test_scaleout.py::test_workers_joining_one_by_one_all_own_partitions_and_count_exactly",
     "tests/test_observability.py",
+    "tests/test_defense.py::test_attacks_through_the_ingest_broker_and_worker",
     "tests/test_bench_ingest.py::test_bench_ingest_smoke",
     "tests/test_pipeline.py::test_exactly_once_after_sigkill",
     "tests/test_secured.py",

@@ -4,6 +4,7 @@ attack sent through the real ingest, broker and worker (``ldp experiment poisoni
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import tomllib
 import warnings
@@ -165,8 +166,7 @@ def test_the_count_store_appends_the_report_log_and_rejections_once(local_stack)
 
 def test_attacks_through_the_ingest_broker_and_worker(local_stack):
     """``ldp experiment poisoning --pipeline`` at n = 4,000: OUE's MGA gain removed by the live defense (4 standard
-    deviations of the gain's noise), GRR's unchanged (no defense), n + n_rejected = the reports sent; MGA-nopad
-    refused by the ingest (422 implausible_report) report by report."""
+    deviations of the gain's noise), GRR's unchanged (no defense), n + n_rejected = the reports sent."""
     from ldpstream_cli.poisoning_pipeline import run_pipeline
 
     n = 4_000
@@ -177,8 +177,43 @@ def test_attacks_through_the_ingest_broker_and_worker(local_stack):
     assert oue.n_final + oue.rejected_by_worker + oue.refused_at_ingest == n + oue.m
     assert oue.genuine_rejected == 0 and oue.genuine_rejected_attacked <= 0.01 * n
     assert grr.defense == "none" and grr.gain == grr.gain_defended > 1.0
-    nopad = run_pipeline(["OUE"], "MGA-nopad", n=n, stack=local_stack, on_status=lambda s: None)[0]
-    assert nopad.refused_at_ingest == nopad.m and nopad.rejected_by_worker == 0
-    # every fake refused: the defended attribute holds the genuine reports alone (estimated with the kept law,
-    # which differs from the plain law by O(α) = 1e-6), the plain one the attack
-    assert nopad.gain_defended == pytest.approx(0.0, abs=1e-4) and nopad.gain > 0.1
+
+
+def test_the_ingest_refuses_implausible_reports_one_by_one():
+    """The ingest's handler (no services: nothing is published) refuses a compact body holding MGA-nopad reports of
+    a defended attribute with 422 ``implausible_report`` and the index of each, and counts them; the same body
+    for the attribute without a defense passes the check."""
+    from stream_app.ingest.handler import ReportHandler
+    from stream_app.ingest.metrics import IngestMetrics
+    from wire.compact import CONTENT_TYPE, encode_compact
+
+    c = _from_toml('[campaign]\nid = "c"\n\n[[attributes]]\nname = "plain"\nk = 100\nprotocol = "OUE"\neps = 1.0\n\n'
+                   '[[attributes]]\nname = "guarded"\nk = 100\nprotocol = "OUE"\neps = 1.0\ndefense = "plausibility"\n')
+    proto = c.attributes["guarded"].protocol
+    _, honest = _honest(proto, 50, 8)
+    fakes = P.craft_reports(proto, "MGA-nopad", np.arange(5), 7, np.random.default_rng(9))
+    rows = np.concatenate([honest, fakes])[np.random.default_rng(10).permutation(57)]
+    bad = np.flatnonzero(P.implausible(proto, rows))
+    published: list = []
+
+    async def submit(items):  # nothing reaches it when the check refuses
+        published.extend(items)
+
+    metrics = IngestMetrics(None)
+    handler = ReportHandler({c.id: c}, submit, metrics, authority=None, ledger=None)
+
+    def post(attribute: str):
+        body = encode_compact([(c, "plain", 1, honest[:3]), (c, attribute, 1, rows)])
+
+        async def read(limit: int) -> bytes:
+            return body
+        return asyncio.run(handler.handle({"content-type": CONTENT_TYPE, "content-length": str(len(body))}, read))
+
+    reply = post("guarded")
+    doc = json.loads(reply.body)
+    assert reply.status == 422 and doc["error"] == "implausible_report" and doc["rejected"] == len(bad) >= 7
+    assert [e["index"] for e in doc["errors"]] == [3 + int(i) for i in bad]  # numbered across the sections
+    assert published == []
+    labels = {"campaign": "c", "attribute": "guarded", "reason": "implausible"}
+    assert metrics.rejected_reports_total.labels(**labels)._value.get() == len(bad)
+    assert post("plain").status != 422
