@@ -893,9 +893,10 @@ class ALLOMFREE(Solution):
 
     ``objective="loss"`` (beyond the paper) also considers LOLOHA (OLOLOHA's ``g``, Arcolezi et al.,
     EDBT 2023, Eq. 6) and picks, among the candidates whose Var* is at most ``variance_factor`` times the
-    smallest, the one of smallest worst-case longitudinal loss (``memo cells × ε∞``: ``k ε∞`` for L-GRR
-    and L-OSUE, ``g ε∞`` for LOLOHA), ties (equal losses) broken by the smaller Var*. L-GRR and L-OSUE
-    have the same loss bound, so without LOLOHA this is the variance rule.
+    smallest, the one of smallest worst-case longitudinal loss (``worst_case_loss``), ties (equal losses) broken
+    by the smaller Var*. L-GRR and L-OSUE have the same bound (``k ε∞``), and LOLOHA's is unbounded against a
+    server that knows its public hash seed (:mod:`estimators.seedaware`; the paper's ``g ε∞`` does not hold),
+    so LOLOHA is never picked and the objective gives the variance rule's choice.
 
     ``fake_data=True`` (beyond the paper, its §6 future work) is L-RS+FD with the per-attribute choice,
     by the smaller L-RS+FD variance, at the amplified budgets (``amplification="paper"``) or the given
