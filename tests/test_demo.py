@@ -71,7 +71,7 @@ def test_demo_cleans_up_on_sigterm(tmp_path):
         started = _children(demo.pid)
         assert len(started) >= 3  # tansu, redis-server, a worker (at least)
         demo.send_signal(signal.SIGTERM)
-        assert demo.wait(timeout=120) == 130
+        assert demo.wait(timeout=120) == 130, log.read_text()[-4000:]
     finally:
         if demo.poll() is None:
             demo.kill()
