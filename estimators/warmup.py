@@ -15,12 +15,13 @@ from .poisoning import count_implausible, family, implausible
 __all__ = ["warm_up_protocol"]
 
 
-def warm_up_protocol(proto: FrequencyProtocol, reports: np.ndarray) -> None:
-    """Run the worker's kernels once on ``reports`` (a few of ``proto``'s reports) and on their decoded form."""
+def warm_up_protocol(proto: FrequencyProtocol, reports: np.ndarray, *, defended: bool = False) -> None:
+    """Run the worker's kernels once on ``reports`` (a few of ``proto``'s reports) and on their decoded form;
+    ``defended``: also the per-report check of an attribute with a poisoning defense."""
     decoded = proto.decode(proto.encode(reports))
     for batch in (reports, decoded):
         count_implausible(proto, batch)
-        if family(proto) == "unary":
+        if defended and family(proto) == "unary":
             implausible(proto, batch)
         support = proto.support(batch)
     proto.estimate(support, max(len(reports), 1))  # type: ignore[possibly-undefined]

@@ -1,12 +1,17 @@
 """The device SDK: one real device's randomizer, memo state and privacy budget.
 
 ```python
-from producers.sdk import Device, BudgetExceeded
-dev = Device(Campaign.load("deploy/campaigns/demo.toml"), Path("~/.ldp-device"),
-             budget_eps=10.0, ingest_url="http://127.0.0.1:6066/reports")
-dev.send("app_version", 42)          # randomize locally, POST one report
-obj = dev.report("opt_in", 1, t=7)   # or build the JSON object and send it yourself
-dev.send_group("device", {"dark_mode": 1, "language": 3, "screen": 17})   # a [[groups]] solution
+from pathlib import Path
+from producers.sdk import Device
+from wire.campaign import Campaign
+
+dev = Device(Campaign.load("deploy/campaigns/demo.toml"), Path("~/.ldp-device"), budget_eps=20.0,
+             ingest_url="http://127.0.0.1:8080/reports", token=TOKEN)   # `ldp ingest`, `ldp tokens issue`
+print(dev.budget_plan)                # what the budget memoizes, and why
+dev.send("app_version", 42)           # randomize locally, POST one report (retried with one Idempotency-Key)
+dev.send("opt_in", "yes")             # a label of the campaign instead of an index
+obj = dev.report("crash_minute", 95, t=7)   # or build the JSON object and send it yourself
+dev.send_group("device", {"dark_mode": "on", "country": 3, "device_model": 17})   # a [[groups]] solution
 ```
 
 State directory (``state_path``)::
@@ -182,8 +187,12 @@ import dataclasses
 import fcntl
 import hashlib
 import json
+import logging
+import math
 import operator
 import os
+import secrets
+import time
 import urllib.error
 import urllib.request
 import zipfile
@@ -201,6 +210,8 @@ from estimators.fileio import atomic_write
 from producers.keystore import FileKeyStore, KeyStore
 from wire.campaign import Campaign, CampaignError, Group, step_at
 from wire.single_report import check_step, encode_single_report
+
+log = logging.getLogger(__name__)
 
 __all__ = ["Device", "BudgetExceeded", "IngestError", "DeviceStateError"]
 
@@ -294,7 +305,7 @@ class Device:
 
     def __init__(self, campaign: Campaign, state_path: str | Path, budget_eps: float | None = None,
                  ingest_url: str | None = None, *, timeout: float = 10.0, token: str | None = None,
-                 keystore: KeyStore | None = None) -> None:
+                 keystore: KeyStore | None = None, retries: int = 3, backoff_seconds: float = 0.5) -> None:
         if budget_eps is not None and not budget_eps >= 0:
             raise ValueError(f"budget_eps must be >= 0 or None, got {budget_eps}")
         if budget_eps is not None:
@@ -312,6 +323,11 @@ class Device:
         self.ingest_url = ingest_url
         self.timeout = timeout
         self.token = token  # the device's ingest token (`ldp tokens issue`), sent as Authorization: Bearer
+        if retries < 0 or backoff_seconds < 0:
+            raise ValueError(f"retries and backoff_seconds must be >= 0, got {retries} and {backoff_seconds}")
+        self.retries, self.backoff_seconds = int(retries), float(backoff_seconds)  # send(): the same request again
+        self.budget_plan = budget_plan(campaign, self.budget_eps)  # what the budget allows, and why
+        log.info("%s", self.budget_plan)
         _private_dir(self.state_path)
         self.keystore: KeyStore = FileKeyStore(self.state_path) if keystore is None else keystore
         self._lock_fd = os.open(self.state_path / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
@@ -884,16 +900,34 @@ class Device:
         """The time step of the current time (:func:`wire.campaign.step_at`)."""
         return step_at(self.campaign)
 
-    def randomize(self, attribute: str, value: int) -> np.ndarray:
+    def value_index(self, attribute: str, value: int | str) -> int:
+        """The domain index of ``value``: an index in ``[0, k)`` or one of the attribute's labels (the campaign's
+        ``labels``); :class:`LDPError` otherwise."""
+        a = self.campaign.attribute(attribute)
+        if isinstance(value, str):
+            if value in a.labels:
+                return a.labels.index(value)
+            if not a.labels:
+                raise LDPError(f"attribute {attribute!r} has no labels in campaign {self.campaign.id!r}: send an index "
+                               f"in [0, {a.k}), not {value!r}")
+            shown = ", ".join(map(repr, a.labels[:8])) + (", ..." if len(a.labels) > 8 else "")
+            raise LDPError(f"{value!r} is not a label of {attribute!r} (labels: {shown})")
+        try:
+            v = operator.index(value)
+        except TypeError:
+            raise LDPError(f"value {value!r} of {attribute!r} must be an index or a label") from None
+        if not 0 <= v < a.k:
+            raise LDPError(f"value {v} of {attribute!r} is outside the domain [0, {a.k})")
+        return v
+
+    def randomize(self, attribute: str, value: int | str) -> np.ndarray:
         """Randomize one value (reports array of one row), enforcing and recording the budget.
 
         A memoizing attribute past its budget randomizes its last reported value instead of
         ``value`` (module docstring); :class:`BudgetExceeded` only on data-independent grounds.
         """
         proto = self._own(attribute)
-        v = int(value)
-        if not 0 <= v < proto.k:
-            raise LDPError(f"value {value} of {attribute!r} is outside the domain [0, {proto.k})")
+        v = self.value_index(attribute, value)
         with self._locked():
             self._refresh()
             self._usable(f"a:{attribute}")  # a memo the ledger says reported, missing or foreign: nothing sent
@@ -948,22 +982,30 @@ class Device:
         self._save_budget(slots=new_slots, keyed=keyed)
         return reports
 
-    def report(self, attribute: str, value: int, t: int | None = None) -> dict[str, Any]:
+    def report(self, attribute: str, value: int | str, t: int | None = None) -> dict[str, Any]:
         """The JSON object of one randomized report (:func:`wire.single_report.encode_single_report`)."""
         self._own(attribute)  # an unknown or grouped attribute fails before anything is spent
         step = check_step(self.current_step() if t is None else t)
         reports = self.randomize(attribute, value)
         return encode_single_report(self.campaign, attribute, step, reports)
 
-    def send(self, attribute: str, value: int, t: int | None = None) -> dict[str, Any]:
-        """Randomize and POST one report to :attr:`ingest_url`; returns the endpoint's JSON reply."""
+    def send(self, attribute: str, value: int | str, t: int | None = None) -> dict[str, Any]:
+        """Randomize one report (``value``: an index or a label) and POST it to :attr:`ingest_url`; returns the
+        endpoint's JSON reply.
+
+        The report is randomized once. The request carries one ``Idempotency-Key`` (128 random bits) and is
+        sent again with the same key and the same bytes after a dropped connection, a 5xx answer or 409
+        ``request_in_progress``, up to :attr:`retries` more times with exponential backoff from
+        :attr:`backoff_seconds`: the ingest counts it once, and the device never randomizes the value again (a
+        second randomization of one value would be an averaging attack on itself). Any other refusal raises
+        :class:`IngestError` at once."""
         if not self.ingest_url:
             raise IngestError("no ingest_url configured for this device")
         obj = self.report(attribute, value, t)
         return self._post(obj)
 
     # ------------------------------------------------------------------ groups
-    def _group_values(self, group: Group, values: Mapping[str, int] | Sequence[int]) -> np.ndarray:
+    def _group_values(self, group: Group, values: Mapping[str, int | str] | Sequence[int | str]) -> np.ndarray:
         """The device's tuple, ``int64 (1, d)`` in the solution's attribute order; clear errors otherwise."""
         names = group.attributes
         if isinstance(values, Mapping):
@@ -983,17 +1025,10 @@ class Device:
                            f"the order {list(names)}, got {type(values).__name__}")
         out = np.empty((1, len(names)), dtype=np.int64)
         for j, (name, v) in enumerate(zip(names, row)):
-            try:
-                x = operator.index(v)
-            except TypeError:
-                raise LDPError(f"value {v!r} of {name!r} must be an integer") from None
-            k = group.solution.ks[j]
-            if not 0 <= x < k:
-                raise LDPError(f"value {x} of {name!r} is outside the domain [0, {k})")
-            out[0, j] = x
+            out[0, j] = self.value_index(name, v)
         return out
 
-    def report_group(self, group: str, values: Mapping[str, int] | Sequence[int],
+    def report_group(self, group: str, values: Mapping[str, int | str] | Sequence[int | str],
                      t: int | None = None) -> list[dict[str, Any]]:
         """Randomize the device's tuple through the group's solution and return one report object per
         attribute the solution sends (SMP, L-SMP, ALLOMFREE: the sampled one; SPL, L-SPL, RS+FD,
@@ -1028,7 +1063,7 @@ class Device:
             self._changed(self._group_path(group))
         return objs
 
-    def send_group(self, group: str, values: Mapping[str, int] | Sequence[int],
+    def send_group(self, group: str, values: Mapping[str, int | str] | Sequence[int | str],
                    t: int | None = None) -> dict[str, Any]:
         """:meth:`report_group` and POST its report objects to :attr:`ingest_url` as one request (the
         ingest is all-or-nothing per request: the server never counts part of a step's tuple)."""
@@ -1054,8 +1089,68 @@ class Device:
         return self._post(body)
 
     def _post(self, body: Any) -> dict[str, Any]:
-        """:func:`post_report` to :attr:`ingest_url`, with the device's token if it has one."""
-        return post_report(self.ingest_url, body, timeout=self.timeout, **({"token": self.token} if self.token else {}))
+        """:func:`post_report` to :attr:`ingest_url`, with the device's token if it has one, one idempotency key
+        and the retries of :meth:`send`."""
+        key = secrets.token_hex(16)
+        for attempt in range(self.retries + 1):
+            try:
+                return post_report(self.ingest_url, body, timeout=self.timeout, idempotency_key=key,
+                                   **({"token": self.token} if self.token else {}))
+            except IngestError as exc:
+                if attempt == self.retries or not _retryable(exc):
+                    raise
+                log.info("report request failed (%s); sending the same request again (attempt %d of %d)",
+                         exc, attempt + 2, self.retries + 1)
+                time.sleep(self.backoff_seconds * (2 ** attempt))
+        raise AssertionError("unreachable")  # pragma: no cover
+
+
+def budget_plan(campaign: Campaign, budget_eps: float | None) -> str:
+    """What a lifetime budget allows on ``campaign``'s attributes, and why (logged when a :class:`Device` is built):
+    the cost of each memoizing attribute's first and further memo slots, how many values it could memoize alone,
+    what each memoryless report costs, and how many values the budget memoizes when every memoizing attribute
+    reports in turn (slots are reserved by reports, not by value changes: module docstring)."""
+    if budget_eps is None:
+        return "no lifetime budget: every memoizing attribute memoizes up to its memo_size values"
+    lines = [f"lifetime budget ε = {budget_eps:g}:"]
+    memoizing: list[tuple[str, FrequencyProtocol]] = []
+    for name in campaign.ungrouped:
+        proto = campaign.attributes[name].protocol
+        if not proto.memo_size:
+            lines.append(f"  {name} ({proto.name}, memoryless): every report spends ε1 = {float(proto.eps_first):.4g}")
+            continue
+        memoizing.append((name, proto))
+        first = float(proto.longitudinal_loss(1))
+        alone = max((m for m in range(1, proto.memo_size + 1) if float(proto.longitudinal_loss(m)) <= budget_eps + _TOL),
+                    default=0)
+        more = float(proto.longitudinal_loss(2)) - first if proto.memo_size > 1 else 0.0
+        lines.append(f"  {name} ({proto.name}): its first memoized value reserves {first:.4g}, each further one "
+                     f"{more:.4g}; alone in the budget it could memoize {alone} of its {proto.memo_size} possible inputs")
+    for g in campaign.groups.values():
+        lines.append(f"  group {g.name} ({g.solution.name}): every group step reserves its solution's worst-case loss")
+    if memoizing:
+        slots = {name: 0 for name, _ in memoizing}
+        reserved, open_ = 0.0, [name for name, _ in memoizing]
+        protos = dict(memoizing)
+        while open_:
+            for name in list(open_):
+                p, m = protos[name], slots[name]
+                cost = float(p.longitudinal_loss(m + 1)) - float(p.longitudinal_loss(m)) if m < p.memo_size else math.inf
+                if reserved + cost > budget_eps + _TOL:
+                    open_.remove(name)
+                    continue
+                reserved, slots[name] = reserved + cost, m + 1
+        lines.append("  reporting in turn, the memoizing attributes memoize " + ", ".join(f"{n} {slots[n]}" for n in slots)
+                     + f" value(s) ({sum(slots.values())} reports reserve {reserved:.4g}); every report of a memoizing "
+                       "attribute reserves a slot whether or not its value changed, and an attribute whose slots are "
+                       "used freezes on its last value (reports go on)")
+    return "\n".join(lines)
+
+
+def _retryable(exc: IngestError) -> bool:
+    """A failure after which the same request may be sent again: no answer, a 5xx, or 409 (the first attempt
+    still in progress at the ingest)."""
+    return exc.status is None or exc.status >= 500 or exc.status == 409
 
 
 def post_report(url: str, obj: dict[str, Any] | list[dict[str, Any]] | bytes, timeout: float = 10.0, *,

@@ -199,7 +199,7 @@ class Pipeline:
                 reports = samples.get(a.name)
                 if reports is None:
                     reports = p.randomize(np.zeros(4, dtype=np.int64), None, state=p.new_state(4))
-                warm_up_protocol(p, reports)
+                warm_up_protocol(p, reports, defended=(c.id, a.name) in self.defenses)
 
     # ------------------------------------------------------------------ the hot path
     async def process(self, value: bytes | None, partition: int, offset: int, key: bytes | None = None,

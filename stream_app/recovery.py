@@ -89,7 +89,7 @@ class Recovery:
         # partition -> the offset its first message must have after the positions were restored, and a seek there
         self.replay_from: dict[int, int] = {}
         self._reseeks: dict[int, tuple[int, int]] = {}  # partition -> (seeks, the offset that came first last time)
-        self.progress_at: dict[int, float] = {}  # partition -> when a message of it was last handled (monotonic)
+        self.progress_at: dict[int, float] = {}  # partition -> when a message of it was last admitted (monotonic)
 
     # ------------------------------------------------------------------ the hot path's side (LossChecks)
     @property
@@ -104,9 +104,9 @@ class Recovery:
         offset below the last it delivered: seen after a broker lost its topic) is not handled, and the partition
         is sought to its start again, after every such message. The same offset arriving first again right after
         a seek means the broker has nothing at the start offset (deleted meanwhile): the stream goes on there."""
-        self.progress_at[partition] = time.monotonic()
         want = self.replay_from.get(partition)
         if want is None:
+            self.progress_at[partition] = time.monotonic()
             return True
         count, last = self._reseeks.get(partition, (0, -1))
         if offset == want or (offset == last and offset > want):
@@ -114,7 +114,10 @@ class Recovery:
                 log.warning("partition %s: no message at offset %s any more; going on at %s", partition, want, offset)
             del self.replay_from[partition]
             self._reseeks.pop(partition, None)
+            self.progress_at[partition] = time.monotonic()
             return True
+        # a message refused here is no progress: if only such messages arrive (buffered ones, each sought back
+        # and dropped again), the stall check (_check_stalls) seeks the partition to the store's position anew
         if offset < want:  # handled before the restore: the store holds it
             return False
         self._reseeks[partition] = (count + 1, offset)

@@ -111,7 +111,7 @@ def test_values_and_names_are_checked_before_anything_is_spent(tmp_path):
            ({"os": 4, "lang": 2, "size": 3}, r"value 4 of 'os' is outside the domain \[0, 4\)"),
            ([1, 2, -1], r"value -1 of 'size' is outside"),
            ([1, 2], "needs 3 values"),
-           ([1, 2.5, 3], "value 2.5 of 'lang' must be an integer"),
+           ([1, 2.5, 3], "value 2.5 of 'lang' must be an index or a label"),
            ("123", "must be a dict")]
     for values, msg in bad:
         with pytest.raises(LDPError, match=msg):
@@ -223,7 +223,7 @@ def test_group_refusals_do_not_depend_on_values(tmp_path, spec, other):
 def test_send_group_posts_one_request(tmp_path, monkeypatch):
     camp = _campaign(SOLUTIONS["RS+FD-GRR"][0])
     posted = []
-    monkeypatch.setattr(sdk, "post_report", lambda url, obj, timeout=10.0: posted.append((url, obj)) or {"accepted": 3})
+    monkeypatch.setattr(sdk, "post_report", lambda url, obj, timeout=10.0, **kw: posted.append((url, obj)) or {"accepted": 3})
     dev = Device(camp, tmp_path / "dev", ingest_url="http://ingest.invalid/reports")
     assert dev.send_group("g", [0, 1, 2], t=5) == {"accepted": 3}
     [(url, objs)] = posted
@@ -249,8 +249,8 @@ def test_group_reports_through_http_ingest(local_stack, tmp_path, monkeypatch) -
     lock = threading.Lock()
     real_post = sdk.post_report
 
-    def recording_post(url: str, obj, timeout: float = 10.0) -> dict:
-        reply = real_post(url, obj, timeout)
+    def recording_post(url: str, obj, timeout: float = 10.0, **kw) -> dict:
+        reply = real_post(url, obj, timeout, **kw)
         with lock:
             sent.extend(obj if isinstance(obj, list) else [obj])
         return reply
