@@ -57,7 +57,10 @@ def test_demo_cleans_up_on_sigterm(tmp_path):
     with open(log, "w") as out:  # not from the repository root: the default campaign is the CLI's own
         demo = subprocess.Popen([sys.executable, "-m", "ldpstream_cli", "demo", "--devices", "2000", "--steps", "50",
                                  "--workers", "1", "--step-seconds", "1"], cwd=tmp_path, stdout=out,
-                                stderr=subprocess.STDOUT, env={**os.environ, "COLUMNS": "120", "TMPDIR": str(tmp)})
+                                stderr=subprocess.STDOUT, env={**os.environ, "COLUMNS": "120", "TMPDIR": str(tmp)},
+                                # its own process group, as a demo in a terminal: no signal meant for the test
+                                # runner's group reaches it (twice the demo died by a SIGINT nobody here sends)
+                                start_new_session=True)
     try:
         deadline = time.monotonic() + 180
         while "dashboard: http" not in log.read_text() and time.monotonic() < deadline:
