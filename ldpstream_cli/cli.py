@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
 import time
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -126,8 +128,15 @@ def demo(campaign: CAMPAIGN = DEMO_CAMPAIGN,
         fail(exc)
     if seed is not None:
         console.print(SIMULATION_BANNER.format(seed=seed))
-    raise typer.Exit(run_demo(campaign, devices, steps, workers, batch_size, step_seconds, seed, top, console,
-                              keep_run_dir))
+    code = run_demo(campaign, devices, steps, workers, batch_size, step_seconds, seed, top, console, keep_run_dir)
+    if code == 130:
+        # interrupted, and everything it started is stopped and removed: leave at once. The interpreter's
+        # finalization (thread joins, atexit, the clients' finalizers) has nothing left to do, and after a
+        # SIGTERM it has been seen to end the process by SIGINT (status -2) instead of 130
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(130)
+    raise typer.Exit(code)
 
 
 @app.command()
