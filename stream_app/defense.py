@@ -17,15 +17,16 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
 
 from estimators import poisoning
 from estimators import postprocess
-from wire.campaign import Attribute
+from wire.campaign import Attribute, Campaign
 
-__all__ = ["AttributeDefense", "Screened", "StepEstimate"]
+__all__ = ["AttributeDefense", "Screened", "StepEstimate", "defenses_of"]
 
 logger = logging.getLogger(__name__)
 
@@ -123,6 +124,12 @@ class AttributeDefense:
             sample = self.proto.randomize(np.zeros(1, dtype=np.int64), None, state=self.proto.new_state(1))
             self._row = (sample.dtype, tuple(sample.shape[1:]))
         return self._row
+
+
+def defenses_of(campaigns: Mapping[str, Campaign]) -> dict[tuple[str, str], AttributeDefense]:
+    """``(campaign id, attribute) -> AttributeDefense`` of every attribute whose ``defense`` is not ``"none"``."""
+    return {(c.id, a.name): AttributeDefense(a) for c in campaigns.values() for a in c.attributes.values()
+            if a.defense != "none"}
 
 
 def _pure_variance(ps: float, qs: float, n: int) -> float:

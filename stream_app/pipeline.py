@@ -34,7 +34,7 @@ from wire.campaign import Campaign, step_at
 from wire.errors import BadPayload, EnvelopeError, ExpiredStep, FutureStep, MalformedBatch
 from wire.topics import Topics
 
-from .defense import AttributeDefense
+from .defense import defenses_of
 from .health import Health
 from .metrics import Metrics
 from .store import (APPLIED, EXPIRED, FUTURE_STEP, RETRYABLE_ERRORS, SERVER_CHANGED, STORE_RESET, Position,
@@ -180,8 +180,7 @@ class Pipeline:
         self._lag_children: dict[int, tuple[Any, Any]] = {}
         self._ca_children: dict[tuple[str, str], tuple[Any, Any, Any]] = {}
         # the attributes with a poisoning defense (campaign `defense`; stream_app.defense)
-        self.defenses = {(c.id, a.name): AttributeDefense(a) for c in campaigns.values()
-                         for a in c.attributes.values() if a.defense != "none"}
+        self.defenses = defenses_of(campaigns)
         for c in campaigns.values():  # the per-attribute counters exist (at 0) from the start: no missing series
             for attribute in c.attributes:
                 self._ca(c.id, attribute)
@@ -189,17 +188,8 @@ class Pipeline:
     def warm_up(self) -> None:
         """Compile the numba support kernels before the first batch arrives."""
         for c in self.campaigns.values():
-            samples: dict[str, np.ndarray] = {}  # attribute -> a few reports
-            for g in c.groups.values():  # a group's devices randomize through its solution
-                out = g.solution.randomize(np.zeros((4, g.solution.d), dtype=np.int64), None,
-                                           state=g.solution.new_state(4))
-                samples.update(zip(g.attributes, out.reports))
-            for a in c.attributes.values():
-                p = a.protocol
-                reports = samples.get(a.name)
-                if reports is None:
-                    reports = p.randomize(np.zeros(4, dtype=np.int64), None, state=p.new_state(4))
-                warm_up_protocol(p, reports, defended=(c.id, a.name) in self.defenses)
+            for name, reports in c.sample_reports(4).items():
+                warm_up_protocol(c.attributes[name].protocol, reports, defended=(c.id, name) in self.defenses)
 
     # ------------------------------------------------------------------ the hot path
     async def process(self, value: bytes | None, partition: int, offset: int, key: bytes | None = None,
@@ -251,13 +241,11 @@ class Pipeline:
             if counts is None:
                 status = await self.calls(self.store.apply_watermark, env.campaign, env.attribute, env.t, position,
                                           bound, env.count)
-            elif screened is not None:
-                status = await self.calls(partial(self.store.apply_batch, rejected=screened.rejected,
-                                                  reports=screened.log), env.campaign, env.attribute, env.t, counts,
-                                          len(reports), env.batch_id, f"{partition}:{offset}", position, bound)
             else:
-                status = await self.calls(self.store.apply_batch, env.campaign, env.attribute, env.t, counts,
-                                          env.count, env.batch_id, f"{partition}:{offset}", position, bound)
+                apply = self.store.apply_batch if screened is None else partial(
+                    self.store.apply_batch, rejected=screened.rejected, reports=screened.log)
+                status = await self.calls(apply, env.campaign, env.attribute, env.t, counts, len(reports),
+                                          env.batch_id, f"{partition}:{offset}", position, bound)
             if status not in LOSS_ANSWERS:
                 break
             if await self.recovery.on_loss(status, env.campaign, partition, offset):

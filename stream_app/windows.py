@@ -105,7 +105,7 @@ from estimators.poisoning import detection_score, detection_threshold
 from wire.campaign import Attribute, Campaign
 from wire.topics import REPORTS_TOPIC
 
-from .defense import AttributeDefense, StepEstimate
+from .defense import StepEstimate, defenses_of
 from .metrics import Metrics
 from .store import CLAIM_EXISTS, CLAIM_STALE, CountStore, StepState, WakeUps
 
@@ -253,8 +253,7 @@ class Estimator:
         if touched_batch < 1 or prune_batch < 1 or audit_steps < 0 or max_alarms < 1:
             raise ValueError("touched_batch, prune_batch and max_alarms must be >= 1 and audit_steps >= 0")
         self.campaigns = campaigns
-        self.defenses = {(c.id, a.name): AttributeDefense(a) for c in campaigns.values()
-                         for a in c.attributes.values() if a.defense != "none"}
+        self.defenses = defenses_of(campaigns)
         self.store = store
         self.metrics = metrics
         self.publish = publish

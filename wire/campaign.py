@@ -94,6 +94,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from estimators.base import FrequencyProtocol
 from estimators.errors import LDPError
 from estimators.multidim import Solution
@@ -211,6 +213,21 @@ class Campaign:
             spec["groups"] = {g.name: {"solution": g.solution.params(), "attributes": list(g.attributes)}
                               for g in self.groups.values()}
         return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
+
+    def sample_reports(self, devices: int) -> dict[str, np.ndarray]:
+        """``attribute -> reports`` of ``devices`` devices holding value 0, randomized with the OS CSPRNG (no
+        simulation mode): an attribute's own protocol, a group's attributes through its solution (a sampling
+        solution sends each attribute for part of the devices only, possibly none). Report-shaped samples for
+        kernel warm-ups and size bounds."""
+        out: dict[str, np.ndarray] = {}
+        for g in self.groups.values():
+            sol = g.solution
+            out.update(zip(g.attributes, sol.randomize(np.zeros((devices, sol.d), dtype=np.int64), None,
+                                                       state=sol.new_state(devices)).reports))
+        for name in self.ungrouped:
+            p = self.attributes[name].protocol
+            out[name] = p.randomize(np.zeros(devices, dtype=np.int64), None, state=p.new_state(devices))
+        return out
 
     @property
     def ungrouped(self) -> list[str]:

@@ -58,7 +58,7 @@ from wire.errors import EnvelopeError
 from wire.envelope import MAX_STEP
 from wire.single_report import SingleReport, decode_report_request, decode_single_report, encode_single_report
 
-from ..defense import AttributeDefense
+from ..defense import defenses_of
 from ..store import RETRYABLE_ERRORS, LedgerEntry, RateSlot
 from .auth import AuthError, Credential, TokenAuthority
 from .batcher import PublishError
@@ -107,19 +107,11 @@ def largest_report_bytes(campaigns: Mapping[str, Campaign]) -> int:
     ``fingerprint``, the largest step) of any attribute of ``campaigns``; a compact body's report is smaller."""
     most = 0
     for c in campaigns.values():
-        grouped: dict[str, np.ndarray] = {}  # a group's attributes: one report of each, from its solution
-        for g in c.groups.values():
-            out = g.solution.randomize(np.zeros((256, g.solution.d), dtype=np.int64), None,
-                                       state=g.solution.new_state(256))  # a sampling solution: some per attribute
-            grouped.update((name, r[:1]) for name, r in zip(g.attributes, out.reports) if len(r))
-        for a in c.attributes.values():
-            p = a.protocol
-            one = grouped.get(a.name)
-            if one is None and a.group is not None:
+        for name, reports in c.sample_reports(256).items():  # 256: a sampling solution sends every attribute
+            if not len(reports):
                 continue  # not drawn in 256 devices (a solution that rarely samples it): its siblings' size
-            if one is None:
-                one = p.randomize(np.zeros(1, dtype=np.int64), None, state=p.new_state(1))
-            obj = {**encode_single_report(c, a.name, MAX_STEP, one), "protocol": p.name, "fingerprint": p.fingerprint}
+            p, one = c.attributes[name].protocol, reports[:1]
+            obj = {**encode_single_report(c, name, MAX_STEP, one), "protocol": p.name, "fingerprint": p.fingerprint}
             most = max(most, len(json.dumps(obj, separators=(",", ":"))))
     return most
 
@@ -150,8 +142,7 @@ class ReportHandler:
         # report of the campaigns written with generous whitespace
         self.device_body_bytes = limits.max_device_reports * (2 * largest_report_bytes(campaigns) + 64) + 1024
         # the attributes whose poisoning defense checks each report (stream_app.defense: unary, not "none")
-        self.checks = {(c.id, a.name): d for c in campaigns.values() for a in c.attributes.values()
-                       if a.defense != "none" and (d := AttributeDefense(a)).check is not None}
+        self.checks = {key: d for key, d in defenses_of(campaigns).items() if d.check is not None}
 
     async def handle(self, headers: Mapping[str, str], read_body: ReadBody) -> Reply:
         """Answer one request (``headers``: case-insensitive or lower-case names)."""
