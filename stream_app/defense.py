@@ -133,6 +133,6 @@ def defenses_of(campaigns: Mapping[str, Campaign]) -> dict[tuple[str, str], Attr
 
 
 def _pure_variance(ps: float, qs: float, n: int) -> float:
-    """Var* of a pure protocol with law ``(ps, qs)`` over ``n`` reports (Wang et al., USENIX Security 2017,
-    Eq. 3 at f → 0)."""
+    """Var* = qs (1 - qs) / (n (ps - qs)^2) of a pure protocol with law ``(ps, qs)`` over ``n`` reports (Arcolezi et
+    al., DCN 2022, Eqs. 2 and 11; :meth:`estimators.base.PureProtocol.variance` for a protocol's own law)."""
     return qs * (1.0 - qs) / (n * (ps - qs) ** 2) if n > 0 and not math.isclose(ps, qs) else math.inf
