@@ -247,6 +247,10 @@ def create_app(settings: WorkerSettings, *, campaigns: dict[str, Campaign] | Non
         async def on_start(self) -> None:
             for topic in (reports_topic, rejected_topic, estimates_topic):
                 await topic.maybe_declare()
+            try:  # connected before this worker may hold the lease (Faust's own producer is, at its start)
+                await asyncio.wait_for(publisher.start(), 5.0)
+            except Exception as exc:  # noqa: BLE001 - the broker away at start: the first estimate connects
+                log.info("the estimate publisher could not connect at start (%s); it connects on first use", exc)
             pipeline.warm_up()
             # Faust starts services after the first assignment and after the web server
             worker.serving = True

@@ -61,6 +61,12 @@ class EstimatePublisher:
                 await self.close()  # a fresh connection and fresh metadata next time
                 raise
 
+    async def start(self) -> None:
+        """Connect and read the topic's metadata now, so that the first estimate (a new lease holder's) does not
+        wait for them; on failure (broker away) the first :meth:`send` connects."""
+        async with self._lock:
+            await self._connect()
+
     async def _send(self, key: bytes | None, value: bytes) -> int:
         client = await self._connect()
         partition = self._partitioner(key, self._partitions, self._partitions)
