@@ -1,0 +1,415 @@
+"""Randomizer test vectors (``docs/wire-format.md``, "Randomizer vectors"): ``tests/data/randomizer-vectors.json``.
+
+``python -m ldpstream_dev.randomizer_vectors [--out PATH]`` writes them from the reference implementation (the
+protocols of :mod:`estimators` and the device ledger of :class:`producers.sdk.Device`):
+
+* ``streams``: ChaCha20 stream words ``(key, domain, a)`` of every stream domain;
+* ``protocols``: every protocol of the registry at one or more settings, one device over several steps (a
+  repeat, a change of value, a return to the first value): its memo key, each step's value, the 256-bit keys the
+  randomizer drew (in draw order), the exact report bytes and the memo cells marked after the step;
+* ``solutions``: every multidimensional solution likewise (the keys its device state drew, the sampled
+  attribute, the fake inputs, per step the reports of every attribute or ``null``);
+* ``ledger``: the device ledger's accounting over a schedule of reports under a budget (reserved and actual
+  loss, the value each report randomized, frozen reports, refusals).
+
+Keys are drawn from a seeded generator (the labelled simulation mode: reproducible, not private) and recorded,
+so a client in any language replays a case by handing its randomizer the recorded keys in order.
+``tests/test_randomizer_vectors.py`` checks them with the numba kernels and their numpy twins.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from estimators.base import FrequencyProtocol
+from estimators.multidim import MultiState, Solution
+from estimators.randomness import (BITFLIP_BIT, BITFLIP_J, KEY_WORDS, LH_SEED, NOISE, NOISE_EXT, PRR,
+                                   SimulationWarning, np_stream_words)
+from estimators.registry import make
+from estimators.solution_registry import make_solution
+
+__all__ = ["VECTORS_PATH", "KeyTape", "key_hex", "key_words", "report_hex", "protocol_case", "solution_case",
+           "ledger_case", "generate", "main"]
+
+VECTORS_PATH = Path(__file__).resolve().parent.parent / "tests" / "data" / "randomizer-vectors.json"
+FORMAT = "ldp-stream/randomizer-vectors"
+VERSION = 1
+SEED = 20261126
+DOMAINS = {"PRR": PRR, "NOISE": NOISE, "LH_SEED": LH_SEED, "BITFLIP_J": BITFLIP_J, "BITFLIP_BIT": BITFLIP_BIT,
+           "NOISE_EXT": NOISE_EXT}
+
+#: value sequences of one device: a repeat, a change, a return (indices are taken modulo k)
+STEPS = (3, 3, 7, 3, 1)
+
+#: (case name, protocol parameters): every registered protocol at least once
+PROTOCOL_CASES: list[tuple[str, dict[str, Any]]] = [
+    ("GRR k=5", {"protocol": "GRR", "k": 5, "eps": 1.0}),
+    ("GRR k=300", {"protocol": "GRR", "k": 300, "eps": 2.0}),
+    ("SUE k=10", {"protocol": "SUE", "k": 10, "eps": 1.0}),
+    ("OUE k=10", {"protocol": "OUE", "k": 10, "eps": 1.0}),
+    ("OUE k=1000", {"protocol": "OUE", "k": 1000, "eps": 0.5}),
+    ("ADP k=5", {"protocol": "ADP", "k": 5, "eps": 2.0}),
+    ("ADP k=50", {"protocol": "ADP", "k": 50, "eps": 1.0}),
+    ("L-GRR k=5", {"protocol": "L-GRR", "k": 5, "eps_inf": 2.0, "eps_1": 1.0}),
+    ("L-GRR k=12 paper", {"protocol": "L-GRR", "k": 12, "eps_inf": 3.0, "eps_1": 1.0, "calibration": "paper"}),
+    ("L-SUE k=10", {"protocol": "L-SUE", "k": 10, "eps_inf": 2.0, "eps_1": 1.0}),
+    ("L-OUE k=10", {"protocol": "L-OUE", "k": 10, "eps_inf": 2.0, "eps_1": 1.0}),
+    ("L-OSUE k=10", {"protocol": "L-OSUE", "k": 10, "eps_inf": 2.0, "eps_1": 1.0}),
+    ("L-OSUE k=100", {"protocol": "L-OSUE", "k": 100, "eps_inf": 4.0, "eps_1": 1.0}),
+    ("L-OSUE k=1000", {"protocol": "L-OSUE", "k": 1000, "eps_inf": 1.0, "eps_1": 0.5}),
+    ("L-SOUE k=10", {"protocol": "L-SOUE", "k": 10, "eps_inf": 2.0, "eps_1": 1.0}),
+    ("L-ADP k=5", {"protocol": "L-ADP", "k": 5, "eps_inf": 4.0, "eps_1": 2.0}),
+    ("L-ADP k=50", {"protocol": "L-ADP", "k": 50, "eps_inf": 2.0, "eps_1": 1.0}),
+    ("HR k=10", {"protocol": "HR", "k": 10, "eps": 1.0}),
+    ("FHR k=10", {"protocol": "FHR", "k": 10, "eps": 2.0}),
+    ("BLH k=10", {"protocol": "BLH", "k": 10, "eps": 1.0}),
+    ("OLH k=100", {"protocol": "OLH", "k": 100, "eps": 2.0}),
+    ("LOLOHA k=50", {"protocol": "LOLOHA", "k": 50, "eps_inf": 2.0, "eps_1": 1.0}),
+    ("LOLOHA k=50 g=3 paper", {"protocol": "LOLOHA", "k": 50, "eps_inf": 3.0, "eps_1": 1.0, "g": 3,
+                               "calibration": "paper"}),
+    ("dBitFlipPM d=2 (Floyd)", {"protocol": "dBitFlipPM", "k": 360, "b": 90, "d": 2, "eps_inf": 2.0}),
+    ("dBitFlipPM d=6 (selection)", {"protocol": "dBitFlipPM", "k": 40, "b": 8, "d": 6, "eps_inf": 2.0}),
+    ("SS k=10", {"protocol": "SS", "k": 10, "eps": 1.0}),
+    ("SS k=64 bits", {"protocol": "SS", "k": 64, "eps": 0.5, "layout": "bits"}),
+    ("SHE k=5", {"protocol": "SHE", "k": 5, "eps": 1.0}),
+    ("THE k=10", {"protocol": "THE", "k": 10, "eps": 1.0}),
+]
+
+#: (case name, solution parameters): every registered solution at least once
+SOLUTION_CASES: list[tuple[str, dict[str, Any]]] = [
+    ("SPL GRR", {"solution": "SPL", "ks": [3, 10], "eps": 2.0, "protocol": "GRR"}),
+    ("SMP OUE", {"solution": "SMP", "ks": [3, 10, 20], "eps": 1.0, "protocol": "OUE"}),
+    ("SMP GRR per-step", {"solution": "SMP", "ks": [3, 10], "eps": 1.0, "protocol": "GRR", "sampling": "per-step"}),
+    ("RS+FD GRR", {"solution": "RS+FD", "ks": [3, 10, 5], "eps": 1.0, "protocol": "GRR"}),
+    ("RS+FD OUE-z", {"solution": "RS+FD", "ks": [3, 10], "eps": 1.0, "protocol": "OUE-z"}),
+    ("RS+FD OUE-r", {"solution": "RS+FD", "ks": [3, 10], "eps": 1.0, "protocol": "OUE-r"}),
+    ("RS+FD ADP per-step", {"solution": "RS+FD", "ks": [3, 40], "eps": 1.0, "protocol": "ADP",
+                            "sampling": "per-step"}),
+    ("L-SPL L-OSUE", {"solution": "L-SPL", "ks": [3, 10], "eps_inf": 4.0, "eps_1": 2.0, "protocol": "L-OSUE"}),
+    ("L-SMP L-GRR", {"solution": "L-SMP", "ks": [3, 10, 4], "eps_inf": 2.0, "eps_1": 1.0, "protocol": "L-GRR"}),
+    ("ALLOMFREE", {"solution": "ALLOMFREE", "ks": [2, 10, 60], "eps_inf": 2.0, "eps_1": 1.0}),
+    ("ALLOMFREE fake data", {"solution": "ALLOMFREE", "ks": [2, 10, 60], "eps_inf": 2.0, "eps_1": 1.0,
+                             "fake_data": True}),
+    ("L-RS+FD L-OSUE", {"solution": "L-RS+FD", "ks": [3, 10], "eps_inf": 2.0, "eps_1": 1.0, "protocol": "L-OSUE"}),
+]
+
+#: tuples of one device over the steps of a solution case (taken modulo each k)
+SOLUTION_STEPS = ((1, 3, 7), (1, 3, 7), (2, 9, 7), (1, 3, 7))
+
+
+class KeyTape(np.random.Generator):
+    """A generator whose 256-bit key draws are recorded (``drawn``) or, with ``replay``, taken from a list.
+
+    Every random draw of the device side goes through :func:`estimators.randomness.keys_from`, i.e. one
+    ``integers(0, 2**32, size=(n, 8), dtype=uint32)`` call per key batch: the tape is the whole randomness of a
+    case, in draw order.
+    """
+
+    def __init__(self, seed: int = 0, replay: list[str] | None = None) -> None:
+        super().__init__(np.random.PCG64(seed))
+        self.drawn: list[str] = []
+        self._replay = None if replay is None else list(replay)
+
+    def integers(self, low, high=None, size=None, dtype=np.int64, endpoint=False):  # type: ignore[override]
+        shape = (size,) if isinstance(size, int) else tuple(size or ())
+        if low != 0 or high != 1 << 32 or len(shape) != 2 or shape[1] != KEY_WORDS:
+            raise AssertionError(f"a device draw that is not a key batch: integers({low}, {high}, size={size})")
+        if self._replay is None:
+            out = super().integers(low, high, size=shape, dtype=np.uint32)
+        else:
+            if len(self._replay) < shape[0]:
+                raise AssertionError("the randomizer drew more keys than the vector recorded")
+            out = np.stack([key_words(self._replay.pop(0)) for _ in range(shape[0])]) if shape[0] else \
+                np.zeros((0, KEY_WORDS), dtype=np.uint32)
+        self.drawn.extend(key_hex(k) for k in out)
+        return out
+
+    @property
+    def left(self) -> int:
+        return 0 if self._replay is None else len(self._replay)
+
+
+def key_hex(words: np.ndarray) -> str:
+    """A key as the 64 hex digits of its 32 ChaCha20 key bytes (8 little-endian uint32 words)."""
+    return np.asarray(words, dtype="<u4").tobytes().hex()
+
+
+def key_words(text: str) -> np.ndarray:
+    return np.frombuffer(bytes.fromhex(text), dtype="<u4").astype(np.uint32)
+
+
+def report_hex(proto: FrequencyProtocol, reports: np.ndarray) -> str:
+    """The report bytes of one device (the report's part of :meth:`FrequencyProtocol.encode`)."""
+    r = np.ascontiguousarray(reports, dtype=np.dtype(proto.report_dtype).newbyteorder("<"))
+    if r.shape != (1, *proto.report_shape):
+        raise AssertionError(f"expected one report, got shape {r.shape}")
+    return r.tobytes().hex()
+
+
+def _cells(seen: np.ndarray, size: int) -> list[int]:
+    return [int(i) for i in np.flatnonzero(np.unpackbits(seen.reshape(-1), bitorder="little")[:size])]
+
+
+_DERIVED = ("p", "q", "p1", "q1", "p2", "q2", "g", "K", "omega", "layout", "s", "bound", "slot", "b", "d", "theta")
+
+
+def derived(proto: FrequencyProtocol) -> dict[str, Any]:
+    """The calibrated parameters of a protocol (what a client computes from the campaign), for diagnosis."""
+    out: dict[str, Any] = {"eps_first": float(proto.eps_first), "eps_inf": float(proto.eps_inf),
+                           "memo_size": int(proto.memo_size)}
+    chosen = getattr(proto, "chosen", None)
+    if chosen is not None:
+        out["chosen"] = chosen.name
+        proto = chosen
+    for name in _DERIVED:
+        try:
+            value = getattr(proto, name)
+        except (AttributeError, NotImplementedError):
+            continue
+        if isinstance(value, (bool, int, float, str, np.integer, np.floating)):
+            out[name] = value.item() if isinstance(value, (np.integer, np.floating)) else value
+    return out
+
+
+def _values(step: tuple[int, ...] | int, ks: list[int] | int) -> Any:
+    if isinstance(ks, int):
+        return int(step) % ks
+    return [int(v) % k for v, k in zip(step, ks)]
+
+
+def protocol_case(name: str, params: dict[str, Any], seed: int) -> dict[str, Any]:
+    """One device of ``make(**params)`` over :data:`STEPS`."""
+    p = dict(params)
+    proto = make(p.pop("protocol"), **p)
+    tape = KeyTape(seed)
+    state = proto.new_state(1, tape)
+    memo_key = tape.drawn[0] if state is not None else None
+    steps = []
+    for raw in STEPS:
+        v = _values(raw, proto.k)
+        tape.drawn = []
+        reports = proto.randomize(np.array([v], dtype=np.int64), tape, state=state)
+        steps.append({"value": v, "keys": tape.drawn, "report": report_hex(proto, reports),
+                      "memoized": None if state is None else _cells(state.seen[0], proto.memo_size)})
+    return {"case": name, "params": proto.params(), "fingerprint": proto.fingerprint,
+            "report_dtype": np.dtype(proto.report_dtype).name, "report_shape": list(proto.report_shape),
+            "derived": derived(proto), "memo_key": memo_key, "steps": steps}
+
+
+def replay_protocol(case: dict[str, Any]) -> list[dict[str, Any]]:
+    """Run a protocol case's recorded keys and values through :mod:`estimators` again: the steps it gives."""
+    p = dict(case["params"])
+    proto = make(p.pop("protocol"), **{k: v for k, v in p.items() if k != "chosen"})
+    state = None
+    if case["memo_key"] is not None:
+        state = proto.new_state(1, KeyTape(replay=[case["memo_key"]]))
+    steps = []
+    for step in case["steps"]:
+        tape = KeyTape(replay=step["keys"])
+        reports = proto.randomize(np.array([step["value"]], dtype=np.int64), tape, state=state)
+        if tape.left:
+            raise AssertionError(f"{case['case']}: the randomizer drew {len(step['keys']) - tape.left} of "
+                                 f"{len(step['keys'])} recorded keys")
+        steps.append({"value": step["value"], "keys": step["keys"], "report": report_hex(proto, reports),
+                      "memoized": None if state is None else _cells(state.seen[0], proto.memo_size)})
+    return steps
+
+
+def _solution_state(sol: Solution, st: MultiState) -> dict[str, Any]:
+    return {"sampled": None if st.sampled is None else int(st.sampled[0]),
+            "fake": None if st.fake is None else [int(x) for x in st.fake[0]],
+            "reported": [int(x) for x in st.reported[0]],
+            "memoized": [None if m is None else _cells(m.seen[0], m.memo_size) for m in st.memos]}
+
+
+def _solution_step(sol: Solution, st: MultiState | None, values: list[int], tape: KeyTape) -> dict[str, Any]:
+    out = sol.randomize(np.array([values], dtype=np.int64), tape, state=st)
+    reports = [report_hex(c, r) if np.asarray(r).shape[0] else None for c, r in zip(sol.channels, out.reports)]
+    step: dict[str, Any] = {"values": values, "keys": list(tape.drawn), "reports": reports}
+    if st is not None:
+        step["state"] = _solution_state(sol, st)
+    return step
+
+
+def solution_case(name: str, params: dict[str, Any], seed: int) -> dict[str, Any]:
+    """One device of ``make_solution(**params)`` over :data:`SOLUTION_STEPS`."""
+    sol = make_solution(**params)
+    tape = KeyTape(seed)
+    st = sol.new_state(1, tape) if sol._needs_state else None
+    state_keys = list(tape.drawn)
+    initial = None if st is None else _solution_state(sol, st)
+    steps = []
+    for raw in SOLUTION_STEPS:
+        tape.drawn = []
+        steps.append(_solution_step(sol, st, _values(raw[:sol.d], list(sol.ks)), tape))
+    return {"case": name, "params": sol.params(), "fingerprint": sol.fingerprint,
+            "channels": [{"params": c.params(), "report_dtype": np.dtype(c.report_dtype).name,
+                          "report_shape": list(c.report_shape), "derived": derived(c)} for c in sol.channels],
+            "state_keys": state_keys, "initial_state": initial, "steps": steps}
+
+
+def replay_solution(case: dict[str, Any]) -> list[dict[str, Any]]:
+    sol = make_solution(**case["params"])
+    st = None
+    if case["initial_state"] is not None:
+        tape = KeyTape(replay=case["state_keys"])
+        st = sol.new_state(1, tape)
+        if tape.left:
+            raise AssertionError(f"{case['case']}: new_state drew fewer keys than recorded")
+    steps = []
+    for step in case["steps"]:
+        tape = KeyTape(replay=step["keys"])
+        steps.append(_solution_step(sol, st, step["values"], tape))
+        if tape.left:
+            raise AssertionError(f"{case['case']}: a step drew fewer keys than recorded")
+    return steps
+
+
+# ---------------------------------------------------------------- the device ledger
+LEDGER_CAMPAIGN = """\
+[campaign]
+id = "ledger-vectors"
+time_step_seconds = 60.0
+
+[[attributes]]
+name = "model"
+k = 6
+protocol = "L-GRR"
+eps_inf = 1.0
+eps_1 = 0.5
+
+[[attributes]]
+name = "version"
+k = 10
+protocol = "L-OSUE"
+eps_inf = 1.5
+eps_1 = 0.75
+
+[[attributes]]
+name = "opt_in"
+k = 2
+protocol = "GRR"
+eps = 0.5
+labels = ["no", "yes"]
+
+[[attributes]]
+name = "a"
+k = 3
+
+[[attributes]]
+name = "b"
+k = 4
+
+[[groups]]
+name = "pair"
+attributes = ["a", "b"]
+solution = "L-SMP"
+protocol = "L-GRR"
+eps_inf = 1.0
+eps_1 = 0.5
+"""
+
+#: (budget, schedule of (attribute or group, value or tuple)): freezing, refusals, a group
+LEDGER_SCHEDULES: list[tuple[str, float | None, list[tuple[str, Any]]]] = [
+    ("one attribute freezes", 3.0, [("model", 0), ("model", 0), ("model", 1), ("model", 2), ("model", 3),
+                                    ("model", 1), ("model", 4), ("model", 0)]),
+    ("shared budget, refusal of a memoryless report", 4.0,
+     [("opt_in", "yes"), ("version", 2), ("model", 5), ("version", 3), ("opt_in", "no"), ("version", 4),
+      ("model", 1), ("opt_in", 1), ("version", 2), ("model", 5), ("opt_in", "yes")]),
+    ("a group reserves per step", 3.5, [("group:pair", {"a": 1, "b": 2}), ("model", 2), ("group:pair", {"a": 0, "b": 3}),
+                                        ("group:pair", {"a": 1, "b": 2}), ("group:pair", {"a": 2, "b": 0}),
+                                        ("model", 3), ("group:pair", {"a": 1, "b": 1})]),
+    ("no budget", None, [("opt_in", 0), ("opt_in", 1), ("model", 1), ("model", 2), ("version", 9)]),
+]
+
+
+def ledger_case(name: str, budget: float | None, schedule: list[tuple[str, Any]]) -> dict[str, Any]:
+    """The device ledger of :class:`producers.sdk.Device` over ``schedule``: after each report, the outcome
+    (``reported``, ``frozen`` or ``refused``), the value a memoizing attribute randomized, the reserved and the
+    actual loss (the device's and the scope's) and the memoized count. The figures depend on the schedule and
+    the values only, never on the keys."""
+    from producers.sdk import BudgetExceeded, Device
+    from wire.campaign import Campaign
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "campaign.toml"
+        path.write_text(LEDGER_CAMPAIGN)
+        campaign = Campaign.load(path)
+        steps = []
+        with Device(campaign, Path(tmp) / "state", budget_eps=budget) as dev:
+            for scope, value in schedule:
+                step: dict[str, Any] = {"scope": scope, "value": value}
+                group = scope[len("group:"):] if scope.startswith("group:") else None
+                try:
+                    if group is not None:
+                        dev.report_group(group, value, t=1)
+                        step["outcome"] = "reported"
+                    else:
+                        frozen = dev.frozen(scope)
+                        before = dev.memoized_count(scope)
+                        dev.report(scope, value, t=1)
+                        step["outcome"] = "frozen" if frozen and dev.memoized_count(scope) == before and \
+                            dev.last_value(scope) != dev.value_index(scope, value) else "reported"
+                        if campaign.attribute(scope).protocol.memo_size:
+                            step["randomized"] = dev.last_value(scope)
+                            step["memoized"] = dev.memoized_count(scope)
+                except BudgetExceeded:
+                    step["outcome"] = "refused"
+                step["reserved_loss"] = dev.reserved_loss()
+                step["privacy_loss"] = dev.privacy_loss()
+                step["scope_reserved"] = dev.reserved_loss(group=group) if group else dev.reserved_loss(scope)
+                step["scope_loss"] = dev.privacy_loss(group=group) if group else dev.privacy_loss(scope)
+                steps.append(step)
+            plan = dev.budget_plan
+    return {"case": name, "campaign": LEDGER_CAMPAIGN, "budget_eps": budget, "budget_plan": plan, "steps": steps}
+
+
+# ---------------------------------------------------------------- the file
+def stream_examples() -> list[dict[str, Any]]:
+    rng = np.random.default_rng(SEED)
+    out = []
+    for i, (dname, domain) in enumerate(DOMAINS.items()):
+        key = rng.integers(0, 1 << 32, size=KEY_WORDS, dtype=np.uint32)
+        a = [0, 3, (1 << 32) + 5, 7, 1, 2][i]
+        words = np_stream_words(key, domain, [a], 16)[0]
+        out.append({"key": key_hex(key), "domain": dname, "domain_word": int(domain), "a": a,
+                    "words": [f"{int(w):016x}" for w in words]})
+    return out
+
+
+def generate() -> dict[str, Any]:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SimulationWarning)
+        protocols = [protocol_case(n, p, SEED + i) for i, (n, p) in enumerate(PROTOCOL_CASES)]
+        solutions = [solution_case(n, p, SEED + 1000 + i) for i, (n, p) in enumerate(SOLUTION_CASES)]
+    ledger = [ledger_case(n, b, s) for n, b, s in LEDGER_SCHEDULES]
+    return {"format": FORMAT, "version": VERSION, "command": "python -m ldpstream_dev.randomizer_vectors",
+            "keys": "256-bit keys: 64 hex digits, the 32 ChaCha20 key bytes (8 little-endian uint32 words); "
+                    "each step lists the keys its randomizer drew, in draw order",
+            "reports": "report bytes: the protocol's report array of one device, little-endian "
+                       "(the report part of a batch payload; the compact body's section rows)",
+            "streams": stream_examples(), "protocols": protocols, "solutions": solutions, "ledger": ledger}
+
+
+def dumps(data: dict[str, Any]) -> str:
+    return json.dumps(data, indent=1, ensure_ascii=False) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, default=VECTORS_PATH, help=f"output file (default {VECTORS_PATH})")
+    args = parser.parse_args(argv)
+    data = generate()
+    args.out.write_text(dumps(data))
+    print(f"wrote {args.out}: {len(data['protocols'])} protocol cases, {len(data['solutions'])} solution cases, "
+          f"{len(data['ledger'])} ledger schedules, {len(data['streams'])} streams")
+
+
+if __name__ == "__main__":
+    main()

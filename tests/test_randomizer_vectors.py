@@ -1,0 +1,139 @@
+"""The randomizer vectors (tests/data/randomizer-vectors.json): complete, current, and reproduced byte for byte
+by the numba kernels and by their numpy twins; a one-bit change of a key or an input changes the bytes.
+
+The light device SDK (``clients/python``) and the JavaScript client (``clients/js``) replay the same file in
+their own tests."""
+from __future__ import annotations
+
+import copy
+import json
+import warnings
+
+import numpy as np
+import pytest
+
+from estimators import kernels, multidim, reference
+from estimators.randomness import SimulationWarning, np_stream_words
+from estimators.registry import protocols
+from estimators.solution_registry import solutions
+from ldpstream_dev import randomizer_vectors as rv
+
+VECTORS = json.loads(rv.VECTORS_PATH.read_text())
+PROTOCOL_IDS = [c["case"] for c in VECTORS["protocols"]]
+SOLUTION_IDS = [c["case"] for c in VECTORS["solutions"]]
+
+#: the kernels a device's randomizer calls, each replaced by its numpy twin in the twin test
+RANDOMIZER_KERNELS = ("grr_chain_randomize", "ue_chain_randomize", "hr_randomize", "fhr_randomize", "lh_encode",
+                      "lh_hash_rows", "bitflip_randomize", "ss_randomize", "packed_to_indices", "she_randomize")
+
+
+@pytest.fixture(autouse=True)
+def _quiet():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SimulationWarning)
+        yield
+
+
+@pytest.fixture
+def numpy_twins(monkeypatch):
+    """Every randomizer kernel (and the solutions' uniform draws) replaced by its plain-numpy twin."""
+    for name in RANDOMIZER_KERNELS:
+        monkeypatch.setattr(kernels, name, getattr(reference, name))
+
+    def np_fill_run(key, domain, a, w0, out):
+        out[:] = np_stream_words(key, domain, [a], w0 + out.shape[0])[0][w0:]
+
+    monkeypatch.setattr(multidim, "fill_run", np_fill_run)
+
+
+def _expected(case: dict) -> list[dict]:
+    return case["steps"]
+
+
+def test_every_device_protocol_and_solution_has_vectors():
+    covered = {c["params"]["protocol"] for c in VECTORS["protocols"]}
+    assert set(protocols()) - covered == set(), "protocols without randomizer vectors"
+    covered = {c["params"]["solution"] for c in VECTORS["solutions"]}
+    assert set(solutions()) - covered == set(), "solutions without randomizer vectors"
+    assert {s["domain"] for s in VECTORS["streams"]} == set(rv.DOMAINS)
+    assert VECTORS["ledger"] and all(c["steps"] for c in VECTORS["ledger"])
+    assert {s["outcome"] for c in VECTORS["ledger"] for s in c["steps"]} == {"reported", "frozen", "refused"}
+
+
+def test_cases_exercise_memoization_and_change():
+    for case in VECTORS["protocols"]:
+        values = [s["value"] for s in case["steps"]]
+        assert values[0] == values[1] and values[2] != values[1], case["case"]
+        if case["memo_key"] is not None:
+            assert case["steps"][0]["memoized"] == case["steps"][1]["memoized"], case["case"]
+    # the lazy Bernoulli's refinement draws occur in the wide UE cases (one tie per 256 bits)
+    assert VECTORS["protocols"][PROTOCOL_IDS.index("OUE k=1000")]["params"]["k"] == 1000
+
+
+def test_vectors_file_is_what_the_command_writes():
+    assert rv.dumps(rv.generate()) == rv.VECTORS_PATH.read_text(), \
+        "tests/data/randomizer-vectors.json is stale: run python -m ldpstream_dev.randomizer_vectors"
+
+
+def test_streams_are_chacha20_words():
+    for s in VECTORS["streams"]:
+        words = np_stream_words(rv.key_words(s["key"]), np.uint32(s["domain_word"]), [s["a"]], 16)[0]
+        assert [f"{int(w):016x}" for w in words] == s["words"]
+
+
+@pytest.mark.parametrize("case", VECTORS["protocols"], ids=PROTOCOL_IDS)
+def test_numba_kernels_reproduce_protocol_vectors(case):
+    assert rv.replay_protocol(case) == _expected(case)
+
+
+@pytest.mark.parametrize("case", VECTORS["protocols"], ids=PROTOCOL_IDS)
+def test_numpy_twins_reproduce_protocol_vectors(case, numpy_twins):
+    assert rv.replay_protocol(case) == _expected(case)
+
+
+@pytest.mark.parametrize("case", VECTORS["solutions"], ids=SOLUTION_IDS)
+def test_numba_kernels_reproduce_solution_vectors(case):
+    assert rv.replay_solution(case) == _expected(case)
+
+
+@pytest.mark.parametrize("case", VECTORS["solutions"], ids=SOLUTION_IDS)
+def test_numpy_twins_reproduce_solution_vectors(case, numpy_twins):
+    assert rv.replay_solution(case) == _expected(case)
+
+
+def _flip(hex_text: str, bit: int) -> str:
+    b = bytearray(bytes.fromhex(hex_text))
+    b[bit // 8] ^= 1 << (bit % 8)
+    return b.hex()
+
+
+@pytest.mark.parametrize("change", ["memo key", "noise key", "value"])
+def test_one_bit_changes_the_expected_bytes(change):
+    case = copy.deepcopy(VECTORS["protocols"][PROTOCOL_IDS.index("L-OSUE k=100")])
+    if change == "memo key":
+        case["memo_key"] = _flip(case["memo_key"], 201)
+    elif change == "noise key":
+        case["steps"][2]["keys"][0] = _flip(case["steps"][2]["keys"][0], 7)
+    else:
+        case["steps"][2]["value"] ^= 1
+    got = rv.replay_protocol(case)
+    reports = [s["report"] for s in got]
+    want = [s["report"] for s in VECTORS["protocols"][PROTOCOL_IDS.index("L-OSUE k=100")]["steps"]]
+    differ = [i for i, (a, b) in enumerate(zip(reports, want)) if a != b]
+    assert differ == ([0, 1, 2, 3, 4] if change == "memo key" else [2])
+
+
+def test_one_bit_of_a_solution_key_changes_the_expected_bytes():
+    original = VECTORS["solutions"][SOLUTION_IDS.index("L-SPL L-OSUE")]
+    case = copy.deepcopy(original)
+    case["state_keys"][1] = _flip(case["state_keys"][1], 100)  # the second attribute's memo key
+    got = rv.replay_solution(case)
+    assert all(g["reports"][0] == w["reports"][0] for g, w in zip(got, original["steps"]))
+    assert all(g["reports"][1] != w["reports"][1] for g, w in zip(got, original["steps"]))
+
+
+def test_a_replay_that_draws_other_keys_fails():
+    case = copy.deepcopy(VECTORS["protocols"][PROTOCOL_IDS.index("GRR k=5")])
+    case["steps"][0]["keys"].append(case["steps"][0]["keys"][0])
+    with pytest.raises(AssertionError, match="drew 1 of 2 recorded keys"):
+        rv.replay_protocol(case)
