@@ -1,0 +1,168 @@
+// Campaigns given as JSON objects with the fields of the campaign TOML (wire/campaign.py), which converts 1:1:
+//   python -c 'import json, sys, tomllib; print(json.dumps(tomllib.load(open(sys.argv[1], "rb"))))' campaign.toml
+// {campaign: {id, time_step_seconds, ...}, attributes: [{name, k, protocol, <its parameters>, labels?}, ...],
+//  groups: [{name, attributes: [...], solution, <its parameters>}, ...]}
+import { make } from './registry.js';
+import { makeSolution } from './multidim.js';
+import { LDPError } from './util.js';
+
+export class CampaignError extends LDPError {
+  constructor(message) {
+    super(message);
+    this.name = 'CampaignError';
+  }
+}
+
+const NAME = /^[A-Za-z0-9_.-]{1,64}$/;
+const CAMPAIGN_KEYS = new Set(['id', 'time_step_seconds', 'lateness_seconds', 'max_batch_reports', 'retention_steps',
+  'max_steps_ahead', 'description']);
+export const MIN_TIME_STEP_SECONDS = 1.0;
+export const MAX_STEP = 2 ** 32 - 1;
+
+/** One attribute: its protocol (an ungrouped attribute) or its group and index in the group's solution. */
+export class Attribute {
+  constructor(name, k, protocol, labels = [], group = null, index = null) {
+    Object.assign(this, { name, k, protocol, labels, group, index });
+  }
+
+  label(v) {
+    return this.labels.length ? this.labels[v] : String(v);
+  }
+}
+
+export class Group {
+  constructor(name, solution, attributes) {
+    Object.assign(this, { name, solution, attributes });
+  }
+}
+
+export class Campaign {
+  constructor(id, attributes, groups, timeStepSeconds, source) {
+    this.id = id;
+    this.attributes = attributes; // Map name -> Attribute, in the file's order
+    this.groups = groups; // Map name -> Group
+    this.timeStepSeconds = timeStepSeconds;
+    this.source = source;
+  }
+
+  /** Attributes reported by their own protocol (not by a group's solution), in the file's order. */
+  get ungrouped() {
+    return [...this.attributes.values()].filter((a) => a.group === null).map((a) => a.name);
+  }
+
+  attribute(name) {
+    const a = this.attributes.get(name);
+    if (!a) throw new CampaignError(`campaign '${this.id}' has no attribute '${name}'`);
+    return a;
+  }
+
+  group(name) {
+    const g = this.groups.get(name);
+    if (!g) {
+      const have = [...this.groups.keys()].map((x) => `'${x}'`).join(', ') || 'none';
+      throw new CampaignError(`campaign '${this.id}' has no group '${name}' (groups: ${have})`);
+    }
+    return g;
+  }
+
+  /** The protocol whose reports an attribute sends: its own, or its group solution's channel. */
+  reportProtocol(name) {
+    const a = this.attribute(name);
+    return a.group === null ? a.protocol : this.groups.get(a.group).solution.channels[a.index];
+  }
+
+  /** floor(unix_time / time_step_seconds): the step a device stamps on a report. */
+  stepAt(nowSeconds = Date.now() / 1000) {
+    return Math.floor(nowSeconds / this.timeStepSeconds);
+  }
+
+  /** A campaign from its parsed JSON (the TOML's fields); CampaignError if it cannot be used. */
+  static fromJSON(data) {
+    if (typeof data === 'string') data = JSON.parse(data);
+    const head = data?.campaign;
+    if (!head || typeof head !== 'object' || Array.isArray(head)) throw new CampaignError('a campaign needs a campaign table');
+    const unknown = Object.keys(head).filter((k) => !CAMPAIGN_KEYS.has(k)).sort();
+    if (unknown.length) throw new CampaignError(`unknown [campaign] keys: ${unknown.join(', ')}`);
+    const cid = head.id;
+    if (typeof cid !== 'string' || !NAME.test(cid)) throw new CampaignError(`campaign id must match ${NAME.source}, got ${JSON.stringify(cid)}`);
+    const step = Number(head.time_step_seconds ?? 10.0);
+    if (!(step >= MIN_TIME_STEP_SECONDS)) throw new CampaignError(`time_step_seconds must be >= ${MIN_TIME_STEP_SECONDS}, got ${step}`);
+    const raw = data.attributes;
+    if (!Array.isArray(raw) || !raw.length) throw new CampaignError('a campaign needs at least one [[attributes]] entry');
+    const groupsRaw = data.groups ?? [];
+    if (!Array.isArray(groupsRaw)) throw new CampaignError('groups must be an array of tables ([[groups]])');
+    const memberOf = new Map();
+    for (const g of groupsRaw) {
+      const gname = g?.name;
+      if (typeof gname !== 'string' || !NAME.test(gname)) throw new CampaignError(`group name must match ${NAME.source}, got ${JSON.stringify(gname)}`);
+      const members = g.attributes;
+      if (!Array.isArray(members) || members.length < 2 || !members.every((m) => typeof m === 'string')) {
+        throw new CampaignError(`group '${gname}' needs a list of at least 2 attribute names`);
+      }
+      for (const m of members) {
+        if (memberOf.has(m)) throw new CampaignError(`attribute '${m}' is in groups '${memberOf.get(m)}' and '${gname}': its budget would be spent twice`);
+        memberOf.set(m, gname);
+      }
+    }
+    const attrs = new Map();
+    const ks = new Map();
+    const labelsOf = new Map();
+    for (const entry of raw) {
+      const { name, labels: rawLabels = [], defense = 'none', protocol, ...params } = entry ?? {};
+      if (typeof name !== 'string' || !NAME.test(name)) throw new CampaignError(`attribute name must match ${NAME.source}, got ${JSON.stringify(name)}`);
+      if (attrs.has(name) || ks.has(name)) throw new CampaignError(`attribute '${name}' is declared twice`);
+      const labels = rawLabels.map(String);
+      if (memberOf.has(name)) {
+        const extra = Object.keys(params).filter((k) => k !== 'k');
+        if (protocol !== undefined) extra.push('protocol');
+        if (extra.length) {
+          throw new CampaignError(`attribute '${name}' belongs to group '${memberOf.get(name)}', whose solution spends one budget over the group: remove its own ${extra.sort().join(', ')} (a budget spent twice)`);
+        }
+        if (defense !== 'none') throw new CampaignError(`attribute '${name}' belongs to a group: only defense = "none"`);
+        const k = params.k;
+        if (typeof k !== 'number' || !Number.isInteger(k) || k < 2) throw new CampaignError(`attribute '${name}' needs an integer domain size k >= 2, got ${JSON.stringify(k)}`);
+        ks.set(name, k);
+        labelsOf.set(name, labels);
+        continue;
+      }
+      if (typeof protocol !== 'string') throw new CampaignError(`attribute '${name}' needs a protocol`);
+      let proto;
+      try {
+        proto = make(protocol, params);
+      } catch (exc) {
+        throw new CampaignError(`attribute '${name}': ${exc.message}`);
+      }
+      if (labels.length && labels.length !== proto.domainSize) {
+        throw new CampaignError(`attribute '${name}' has ${labels.length} labels for a domain of ${proto.domainSize}`);
+      }
+      attrs.set(name, new Attribute(name, proto.k, proto, labels));
+    }
+    const groups = new Map();
+    for (const g of groupsRaw) {
+      const { name: gname, attributes: members, solution, ...spec } = g;
+      if (groups.has(gname)) throw new CampaignError(`group '${gname}' is declared twice`);
+      const missing = members.filter((m) => !ks.has(m));
+      if (missing.length) throw new CampaignError(`group '${gname}' names undeclared attributes: ${missing.join(', ')}`);
+      if (typeof solution !== 'string') throw new CampaignError(`group '${gname}' needs a solution`);
+      let sol;
+      try {
+        sol = makeSolution({ solution, ks: members.map((m) => ks.get(m)), ...spec });
+      } catch (exc) {
+        throw new CampaignError(`group '${gname}': ${exc.message}`);
+      }
+      if (sol.layout === 'fake' && !('amplification' in spec)) {
+        throw new CampaignError(`group '${gname}': ${solution} with fake data must state its amplification ("paper" or "none")`);
+      }
+      groups.set(gname, new Group(gname, sol, members.slice()));
+      members.forEach((m, j) => {
+        const ch = sol.channels[j];
+        if (labelsOf.get(m).length && labelsOf.get(m).length !== ch.domainSize) {
+          throw new CampaignError(`attribute '${m}' has ${labelsOf.get(m).length} labels for a domain of ${ch.domainSize}`);
+        }
+        attrs.set(m, new Attribute(m, ks.get(m), null, labelsOf.get(m), gname, j));
+      });
+    }
+    const ordered = new Map(raw.map((e) => [e.name, attrs.get(e.name)]));
+    return new Campaign(cid, ordered, groups, step, data);
+  }
+}

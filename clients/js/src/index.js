@@ -1,0 +1,22 @@
+// ldp-stream-device: the device side of ldp-stream in JavaScript (browsers and Node >= 20.19).
+export { DOMAINS, Stream, NoiseDraws, randomKey, cryptoKeys, keyTape, hexToBytes, bytesToHex } from './chacha.js';
+export {
+  LDPError, InfeasibleParameters, quantize32, threshold32, roundHalfEven, fingerprintOf, canonicalJson, pyFloatRepr,
+  formatG,
+} from './util.js';
+export { MemoState, Protocol } from './protocol.js';
+export { make, fromParams, parameters, PROTOCOLS } from './registry.js';
+export { GRR, LGRR, grrProbabilities } from './direct.js';
+export { SUE, OUE, LOUE, LSUE, LOSUE, LSOUE, ueChain } from './unary.js';
+export { ADP, LADP } from './adaptive.js';
+export { HR, FHR } from './hadamard.js';
+export { BLH, OLH, LOLOHA, lhHash } from './hashing.js';
+export { DBitFlipPM } from './bitflip.js';
+export { SS } from './subset.js';
+export { SHE, THE, theOptimalTheta } from './histogram.js';
+export { makeSolution, SOLUTIONS, MultiState, Solution, amplifiedEps } from './multidim.js';
+export { Campaign, CampaignError, Attribute, Group, MAX_STEP } from './campaign.js';
+export { encodePayload, decodePayload, encodeSingleReport, base64Encode, base64Decode, checkStep } from './wire.js';
+export { Ledger, BudgetExceeded, DeviceStateError, budgetPlan } from './ledger.js';
+export { Device, IngestError, postReport, retryable, idempotencyKey } from './device.js';
+export { MemoryStorage, LocalStorageStorage, FileStorage } from './storage.js';

@@ -1,0 +1,106 @@
+"""The JavaScript device client (``clients/js``, npm package ``ldp-stream-device``): its own suite (every protocol,
+solution and ledger vector replayed byte for byte, storage, labels, retries), the ledger-campaign fixture it reads,
+and Node devices sending through the real ingest: counted exactly once, with the supports of the reports they sent."""
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+import tomllib
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ldpstream_dev.debian import ToolUnavailable, ensure_binary
+from ldpstream_dev.workers import IngestProcess, WorkerProcess, unique_campaign_file, wait_for_counts
+from wire.campaign import Campaign, step_at
+
+ROOT = Path(__file__).resolve().parents[1]
+JS = ROOT / "clients" / "js"
+E2E = Path(__file__).parent / "data" / "e2e.toml"
+VECTORS = Path(__file__).parent / "data" / "randomizer-vectors.json"
+DEVICES = 30
+
+
+def _tools() -> tuple[str, str]:
+    """node and npm: on PATH, else Debian's packages (``nodejs``, ``npm``; bookworm's Node 18 runs the client)."""
+    try:
+        node, npm = ensure_binary("node", "nodejs"), ensure_binary("npm", "npm")
+    except ToolUnavailable as exc:
+        pytest.fail(f"the JavaScript client's tests need Node.js >= 18 and npm: {exc}")
+    version = subprocess.run([node, "--version"], capture_output=True, text=True, check=True).stdout.strip()
+    if int(version.lstrip("v").split(".")[0]) < 18:
+        pytest.fail(f"the JavaScript client needs Node.js >= 18, found {version}")
+    return node, npm
+
+
+def _run(cmd: list[str], timeout: float, **kw) -> subprocess.CompletedProcess:
+    proc = subprocess.run(cmd, cwd=JS, capture_output=True, text=True, timeout=timeout, **kw)
+    if proc.returncode != 0:
+        pytest.fail(f"{' '.join(cmd)} failed (exit {proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
+    return proc
+
+
+@pytest.fixture(scope="module")
+def node() -> str:
+    """``npm ci`` in clients/js (the locked dependencies; from npm's cache when it has them); the node binary."""
+    node, npm = _tools()
+    _run([npm, "ci", "--prefer-offline", "--no-audit", "--no-fund", "--loglevel=error"], timeout=120)
+    return node
+
+
+def test_npm_test_replays_every_vector(node):
+    npm = ensure_binary("npm", "npm")
+    proc = _run([npm, "test", "--silent", "--", "--test-reporter=tap"], timeout=120)
+    tail = proc.stdout[-600:]
+    assert "# fail 0" in proc.stdout, tail
+    vectors = json.loads(VECTORS.read_text())
+    cases = len(vectors["protocols"]) + len(vectors["solutions"]) + len(vectors["ledger"])
+    passed = int(next(line for line in proc.stdout.splitlines() if line.startswith("# pass")).split()[-1])
+    assert passed > cases, tail  # one test per case at least, plus the others
+
+
+def test_the_ledger_campaign_fixture_is_the_vectors_toml():
+    fixture = json.loads((JS / "test-support" / "fixtures" / "ledger-campaign.json").read_text())
+    tomls = {case["campaign"] for case in json.loads(VECTORS.read_text())["ledger"]}
+    assert len(tomls) == 1 and fixture == tomllib.loads(tomls.pop())
+
+
+def test_node_devices_are_counted_exactly_once_through_the_ingest(local_stack, tmp_path, node):
+    path = unique_campaign_file(E2E, tmp_path)
+    campaign = Campaign.load(path)
+    campaign_json = tmp_path / "campaign.json"
+    campaign_json.write_text(json.dumps(tomllib.loads(path.read_text())))  # the TOML converts 1:1
+    app_id = f"js-{uuid.uuid4().hex[:6]}"
+    boot, redis_url = local_stack.info.kafka_bootstrap, local_stack.info.redis_url
+    attr = "app_version"
+    proto = campaign.attribute(attr).protocol
+    t = step_at(campaign)
+    values = [str(v) for v in (0, 7, 42, 99, 42, 13)]
+    with WorkerProcess([path], boot, redis_url, app_id=app_id, topic_prefix=f"{app_id}.", refresh_seconds=0.2,
+                       session_timeout=3.0, run_dir=tmp_path), \
+            IngestProcess([path], boot, redis_url, topic_prefix=f"{app_id}.", run_dir=tmp_path) as ingest:
+        cmd = [node, "examples/send.mjs", "--campaign", str(campaign_json), "--ingest", f"{ingest.url}/reports",
+               "--state", str(tmp_path / "devices"), "--devices", str(DEVICES), "--t", str(t), "--attribute", attr,
+               "--budget", "10"]
+        for v in values:
+            cmd += ["--value", v]
+        proc = subprocess.run(cmd, cwd=JS, capture_output=True, text=True, timeout=60,
+                              env={**os.environ, "NODE_NO_WARNINGS": "1"})
+        assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        summary = json.loads(proc.stdout)
+        assert (summary["devices"], summary["sent"], summary["accepted"], summary["failed"]) == (DEVICES,) * 3 + (0,)
+        support = np.zeros(proto.support_size, dtype=np.int64)
+        keys = set()
+        for r in summary["results"]:
+            assert r["reply"] == {"accepted": 1} and r["value"] == int(values[r["device"] % len(values)])
+            (obj,) = r["reports"]
+            assert set(obj) == {"campaign", "attribute", "t", "payload"}
+            assert (obj["campaign"], obj["attribute"], obj["t"]) == (campaign.id, attr, t)
+            support += proto.support(proto.decode(base64.b64decode(obj["payload"])))
+            keys.add(json.loads((tmp_path / "devices" / f"device-{r['device']}" / f"{attr}.memo.json").read_text())["key"])
+        assert len(keys) == DEVICES  # every device its own 256-bit memo key
+        wait_for_counts(redis_url, campaign.id, {(attr, t): (support, DEVICES)}, timeout=30)
