@@ -515,6 +515,49 @@ def _time_ours_solution(sol: estimators.Solution, values: np.ndarray, repeats: i
     return n / best_r, n / best_a
 
 
+@bench_app.command("devices")
+def bench_devices(k: K = 100, eps_inf: EPS_INF = 4.0, eps_1: EPS_1 = 1.0,
+                  n: Annotated[int, typer.Option(help="Devices per call of the numba kernel.")] = 100_000,
+                  seconds: Annotated[float, typer.Option(help="Seconds each implementation runs.")] = 2.0,
+                  as_json: JSON_FLAG = False, as_csv: CSV_FLAG = False) -> None:
+    """reports/s of L-OSUE randomization on one core, side by side in one run: the numba kernel (a batch), the
+    reference SDK path, the light Python SDK (clients/python) and the JavaScript client (clients/js, Node)."""
+    from .bench_devices import run
+
+    out = TableOutput(console, as_json, as_csv)
+    con = out.console
+    try:
+        check_options(k=k, eps_inf=eps_inf, eps_1=eps_1, n=n)
+        if not seconds > 0:
+            raise ValueError(f"--seconds must be > 0, got {seconds}")
+    except ValueError as exc:
+        fail(exc)
+    with progress_bar(con) as bar:
+        task = bar.add_task("benchmarking", total=4)
+
+        started: list[str] = []
+
+        def step(label: str) -> None:
+            if started:
+                bar.advance(task)
+            started.append(label)
+            bar.update(task, description=f"bench {label}")
+
+        rates = run(k, eps_inf, eps_1, n, seconds, progress=step)
+        bar.update(task, completed=4)
+    base = rates[0].reports_per_second
+    t = Table(title=f"device randomization, L-OSUE k={k}, ε∞={eps_inf:g}, ε1={eps_1:g}, one core (reports/s; ratio = "
+                    "rate / numba kernel's, same run; a fresh CSPRNG noise key per call)")
+    for col in ("implementation", "reports/s", "ratio", "≥ 20,000/s", "note"):
+        t.add_column(col, justify="left" if col in ("implementation", "note") else "right")
+    for r in rates:
+        rate = r.reports_per_second
+        t.add_row(r.name, _si(rate), "-" if rate is None or not base else f"{rate / base:.4f}",
+                  "-" if rate is None else ("yes" if rate >= 20_000 else "NO"), r.note)
+    out.show(t)
+    out.close()
+
+
 @bench_app.command("pipeline")
 def bench_pipeline(steps: Annotated[int, typer.Option(help="Time steps per protocol and measurement.")] = 8,
                    grr_reports: Annotated[int, typer.Option(help="GRR reports per step.")] = 5_000_000,
