@@ -83,8 +83,15 @@ class LossChecks(Protocol):
     async def on_loss(self, status: int, campaign: str, partition: int, offset: int) -> bool:
         """A loss answer of the store: ``True`` if the message is held (a replay follows), ``False`` to apply again."""
 
-    def handled(self, partition: int, offset: int, ident: str, campaign: str | None = None) -> None:
-        """The message was handled (``campaign``: and applied to that campaign's counts)."""
+    def handled(self, partition: int, offset: int, ident: str, campaign: str | None = None,
+                t: int | None = None) -> None:
+        """The message was handled (``campaign``: and applied to that campaign's step ``t``)."""
+
+    def lost_before(self, partition: int, campaign: str) -> bool:
+        """Whether the broker lost messages of ``partition`` that this campaign's next message follows."""
+
+    async def mark_lost_steps(self, partition: int, campaign: str, t: int) -> None:
+        """Mark incomplete the steps of ``campaign`` the lost messages before step ``t``'s message may have held."""
 
 
 class StoreCalls:
@@ -235,6 +242,8 @@ class Pipeline:
         if self.recovery.holding:  # the store lost data: hold everything until the replay restarts the stream
             await self.recovery.hold()
             return "held"
+        if self.recovery.lost_before(partition, env.campaign):  # before the counts: no final may miss the mark
+            await self.recovery.mark_lost_steps(partition, env.campaign, env.t)
         position = Position(self.app_id, self.topics.reports, partition, offset, envelope.message_ident(env))
         bound = StepBound(wall_limit=step_at(campaign, now) + campaign.max_steps_ahead, ahead=campaign.max_steps_ahead)
         while True:
@@ -263,7 +272,7 @@ class Pipeline:
                               offset=offset, key=key, env=env, size=len(value))
             await self._handled(partition, offset, value, position)
             return "rejected"
-        self.recovery.handled(partition, offset, position.ident, env.campaign)
+        self.recovery.handled(partition, offset, position.ident, env.campaign, env.t)
         if counts is None:
             return "watermark"
         if status == APPLIED:

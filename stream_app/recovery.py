@@ -37,6 +37,10 @@ from .store import RETRYABLE_ERRORS, SERVER_CHANGED, STORE_RESET, CountStore, Po
 
 __all__ = ["BrokerView", "ConsumerControl", "Recovery"]
 
+#: at most this many steps before a lost partition's next message are marked incomplete (a wall-clock campaign's
+#: steps are numbered from 1970: its stream step at the loss is near its next message's, never 28 million away)
+MAX_LOST_STEPS = 10_000
+
 log = logging.getLogger(__name__)
 
 
@@ -90,6 +94,9 @@ class Recovery:
         self.replay_from: dict[int, int] = {}
         self._reseeks: dict[int, tuple[int, int]] = {}  # partition -> (seeks, the offset that came first last time)
         self.progress_at: dict[int, float] = {}  # partition -> when a message of it was last admitted (monotonic)
+        self.stream_steps: dict[str, int] = {}  # campaign -> the newest step this worker applied a message of
+        # partition -> campaign -> (its stream step at an unrepairable loss, why): marked by mark_lost_steps
+        self.lost_from: dict[int, dict[str, tuple[int, str]]] = {}
 
     # ------------------------------------------------------------------ the hot path's side (LossChecks)
     @property
@@ -139,10 +146,13 @@ class Recovery:
             return await self.server_changed(campaign, partition, offset)
         return False
 
-    def handled(self, partition: int, offset: int, ident: str, campaign: str | None = None) -> None:
+    def handled(self, partition: int, offset: int, ident: str, campaign: str | None = None,
+                t: int | None = None) -> None:
         self.last_offsets[partition] = offset
         if campaign is not None:
             self.applied_offsets[(campaign, partition)] = offset
+            if t is not None and t > self.stream_steps.get(campaign, -1):
+                self.stream_steps[campaign] = t
         if partition not in self.anchors:
             self.anchors[partition] = (offset, ident)
 
@@ -291,10 +301,35 @@ class Recovery:
         await self.store_lost(campaign, partition, offset, why=f"Redis restarted without its last writes ({detail})")
         return True
 
+    def lost_before(self, partition: int, campaign: str) -> bool:
+        lost = self.lost_from.get(partition)
+        return lost is not None and campaign in lost
+
+    async def mark_lost_steps(self, partition: int, campaign: str, t: int) -> None:
+        """The first message of ``campaign`` read from ``partition`` after an unrepairable loss, of step ``t``: the
+        lost messages of the partition were sent before it, so (producers send a partition's steps in order) their
+        steps lie between this worker's stream step at the loss and ``t``. Those steps are marked incomplete before
+        anything of them is counted, including steps the store had not seen yet (a backlog the worker never read):
+        :meth:`broker_lost` could only mark the steps the store knew."""
+        lost = self.lost_from[partition]
+        since, why = lost.pop(campaign)
+        if not lost:
+            del self.lost_from[partition]
+        lo = max(min(since, t), t - MAX_LOST_STEPS + 1)
+        c = self.campaigns[campaign]
+        for attribute in c.attributes:
+            await self.calls(self.store.mark_incomplete, c.id, attribute, range(lo, t + 1), why)
+        log.error("%s: the broker lost partition %s's messages before step %s: steps %s..%s marked incomplete",
+                  campaign, partition, t, lo, t)
+
     async def broker_lost(self, partitions: list[int], why: str) -> None:
         """An unrepairable broker loss: the ``unrepairable_loss`` alarm (``GET /status``), the metric, an error in
-        the log, and every step not final yet marked incomplete: its final says ``complete: false``."""
+        the log, and every step not final yet marked incomplete: its final says ``complete: false``. The steps the
+        lost messages may have held that the store had not seen are marked when each campaign's next message of
+        the partition arrives (:meth:`mark_lost_steps`)."""
         now = time.time()
+        for p in partitions:
+            self.lost_from[p] = {c: (self.stream_steps.get(c, 0), why) for c in self.campaigns}
         for p in partitions:
             self.alarms[f"unrepairable_loss:{p}"] = {"component": "kafka", "since": now, "error": (
                 f"{why}; the counts of the steps not final yet may be short: their finals say complete=false")}

@@ -39,6 +39,7 @@ class MemoryStore:
         self.positions: dict[int, tuple[int, str]] = {}
         self.reset_next = False  # answer the next apply with STORE_RESET (Redis lost the campaign's keys)
         self.calls = 0
+        self.incomplete: dict[tuple[str, str, int], str] = {}  # step -> why the broker may have lost its reports
 
     async def server_id(self) -> str:  # the recovery's side: one server, never restarted
         return "memory"
@@ -81,6 +82,14 @@ class MemoryStore:
 
     async def wake_estimator(self, app_id: str, campaign: str, attribute: str, t: int) -> None:
         pass
+
+    # the recovery's side of an unrepairable broker loss
+    async def unfinished_steps(self, campaign: str, attribute: str) -> list[int]:
+        return sorted(t for (c, a, t) in self.n if (c, a) == (campaign, attribute) and (c, a, t) not in self.closed)
+
+    async def mark_incomplete(self, campaign: str, attribute: str, ts, why: str) -> None:
+        for t in ts:
+            self.incomplete[(campaign, attribute, t)] = why
 
 
 def _rig() -> tuple[Pipeline, MemoryStore, Recovery, list[dict[str, Any]]]:
@@ -162,6 +171,35 @@ def test_a_store_loss_holds_the_stream_until_the_replay():
     assert recovery.alarms["store_reset"]["blocking"] is False  # the replay runs: listed, no longer blocking
     assert not recovery.holding
     assert pipe.metrics.registry.get_sample_value("ldp_store_resets_total", {"campaign": CAMPAIGN.id}) == 1
+
+
+def test_an_unrepairable_loss_marks_the_steps_the_lost_backlog_may_have_held():
+    """The broker lost a partition's unread backlog (steps 3..5 were sent, never read: the store never saw them);
+    the partition's next message is of step 5. Steps 2..5 of every attribute are marked incomplete before step 5's
+    batch is counted, and only once; another partition's messages mark nothing."""
+    pipe, store, recovery, _ = _rig()
+    blob = lambda t, i: envelope.pack_reports(CAMPAIGN, ATTR, t, _reports(50, 10 + i), batch_id=f"u:{t}:a:{i}")
+
+    async def run() -> None:
+        await pipe.process(blob(2, 0), 0, 0)  # the worker's stream step: 2
+        await recovery.broker_lost([0], "the broker lost partition 0")
+        assert set(store.incomplete) == {(CAMPAIGN.id, ATTR, 2)}  # what the store knew at the loss
+        marked_before = set()
+
+        async def mark(*args) -> None:  # the marks are stored before the batch's counts
+            marked_before.update(k for k in store.incomplete if k not in store.n)
+            return await real_apply(*args)
+
+        real_apply, store.apply_batch = store.apply_batch, mark
+        await pipe.process(blob(5, 1), 0, 0)
+        assert {(CAMPAIGN.id, ATTR, 5)} <= marked_before
+        store.apply_batch = real_apply
+        await pipe.process(blob(9, 2), 1, 0)  # partition 1 lost nothing
+        await pipe.process(blob(8, 3), 0, 1)  # the loss is marked once, at the partition's first message after it
+
+    asyncio.run(run())
+    want = {(CAMPAIGN.id, a, t) for a in CAMPAIGN.attributes for t in range(2, 6)}
+    assert set(store.incomplete) == want and recovery.lost_from == {}
 
 
 def test_a_far_future_step_is_rejected_and_recorded():
