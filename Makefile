@@ -1,5 +1,6 @@
 # The two commands of the README:  `make demo`  and  `make test`.
-# Both create .venv and install the project (with its dev, test and bench extras) on first use.
+# Both create .venv and install the project (with its dev, test and bench extras) and the light device SDK
+# (clients/python) on first use; the JavaScript client's tests install Node and its packages themselves.
 PY      ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin
@@ -7,10 +8,11 @@ STAMP   := $(VENV)/.installed
 
 .PHONY: demo test bench clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml clients/python/pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e ".[dev,test,bench]"
+	$(BIN)/pip install --quiet -e clients/python
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -4,8 +4,9 @@ One protocol setting (L-OSUE, k = 100, ε∞ = 4, ε1 = 1 by default), each impl
 
 * the numba kernel (``estimators``), one thread, a batch of ``n`` devices per call (the simulated fleet's path);
 * the same protocol object called for one report at a time (what ``producers.sdk.Device`` does per report);
-* the light Python SDK (``clients/python``, pure Python and ``cryptography``), one report per call;
-* the JavaScript client (``clients/js``, Node), one report per call.
+* the light Python SDK (``clients/python``, pure Python and ``cryptography``), one report per call, with its
+  memoized responses kept in memory and computed anew;
+* the JavaScript client (``clients/js``, Node), one report per call (it computes the memoized response anew).
 
 Every one draws a fresh 256-bit noise key per call from the OS CSPRNG and memoizes under a fixed memo key, so the
 rates compare like with like; the ratio column is each rate over the numba kernel's.
@@ -27,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 LIGHT_SDK = ROOT / "clients" / "python"
 JS_CLIENT = ROOT / "clients" / "js"
 
-__all__ = ["Rate", "numba_batch_rate", "single_report_rate", "light_sdk_rate", "js_client_rate", "run"]
+__all__ = ["Rate", "numba_batch_rate", "single_report_rate", "light_sdk_rates", "js_client_rate", "run"]
 
 
 @dataclass(frozen=True)
@@ -87,22 +88,24 @@ def _json_line(cmd: list[str], cwd: Path, timeout: float, env: dict | None = Non
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def light_sdk_rate(k: int, eps_inf: float, eps_1: float, seconds: float = 2.0) -> Rate:
-    """The light Python SDK in its own interpreter (no numpy loaded): ``clients/python/bench_randomize.py``."""
-    name = "light Python SDK (one report per call)"
-    env = dict(os.environ, PYTHONPATH=str(LIGHT_SDK))
+def light_sdk_rates(k: int, eps_inf: float, eps_1: float, seconds: float = 2.0) -> list[Rate]:
+    """The light Python SDK in its own interpreter (no numpy loaded), ``clients/python/bench_randomize.py``: with
+    the memoized responses kept in memory (a value reported before), and with each one computed anew (a new
+    value, and what the JavaScript client does for every report)."""
+    names = ("light Python SDK (one report per call)", "light Python SDK (PRR computed anew each report)")
     try:
-        out = _json_line([sys.executable, str(LIGHT_SDK / "bench_randomize.py"), "--k", str(k), "--eps-inf",
-                          str(eps_inf), "--eps-1", str(eps_1), "--seconds", str(seconds)], LIGHT_SDK,
-                         60 + 4 * seconds, env)
+        out = _json_line([sys.executable, str(LIGHT_SDK / "bench_randomize.py"), str(seconds), str(k), str(eps_inf),
+                          str(eps_1)], LIGHT_SDK, 60 + 6 * seconds)
     except (RuntimeError, OSError, ValueError, subprocess.TimeoutExpired) as exc:
-        return Rate(name, None, str(exc))
-    return Rate(name, float(out["reports_per_second"]), f"Python {sys.version.split()[0]}")
+        return [Rate(names[0], None, str(exc))]
+    note = f"Python {out.get('python', '?')}, pinned to one core"
+    return [Rate(names[0], float(out["reports_per_second"]), note),
+            Rate(names[1], float(out["cold_prr_reports_per_second"]), note)]
 
 
 def js_client_rate(k: int, eps_inf: float, eps_1: float, seconds: float = 2.0) -> Rate:
     """The JavaScript client under Node: ``clients/js/bench/randomize.mjs`` (needs ``npm ci`` in clients/js)."""
-    name = "JavaScript client (Node, one report per call)"
+    name = "JavaScript client (Node, one report per call, PRR computed anew)"
     node = shutil.which("node")
     if node is None:
         return Rate(name, None, "node is not installed")
@@ -119,13 +122,13 @@ def js_client_rate(k: int, eps_inf: float, eps_1: float, seconds: float = 2.0) -
 def run(k: int = 100, eps_inf: float = 4.0, eps_1: float = 1.0, n: int = 100_000, seconds: float = 2.0,
         progress=None) -> list[Rate]:
     """Every implementation, one after the other (never two at once: each has the core to itself)."""
-    steps = [("numba kernel", lambda: numba_batch_rate(k, eps_inf, eps_1, n, seconds)),
-             ("reference SDK path", lambda: single_report_rate(k, eps_inf, eps_1, seconds)),
-             ("light Python SDK", lambda: light_sdk_rate(k, eps_inf, eps_1, seconds)),
-             ("JavaScript client", lambda: js_client_rate(k, eps_inf, eps_1, seconds))]
-    rates = []
+    steps = [("numba kernel", lambda: [numba_batch_rate(k, eps_inf, eps_1, n, seconds)]),
+             ("reference SDK path", lambda: [single_report_rate(k, eps_inf, eps_1, seconds)]),
+             ("light Python SDK", lambda: light_sdk_rates(k, eps_inf, eps_1, seconds)),
+             ("JavaScript client", lambda: [js_client_rate(k, eps_inf, eps_1, seconds)])]
+    rates: list[Rate] = []
     for label, step in steps:
         if progress is not None:
             progress(label)
-        rates.append(step())
+        rates += step()
     return rates

@@ -1,0 +1,32 @@
+"""ldp-stream's light device SDK: local differential privacy on the device, with the standard library and
+``cryptography`` only.
+
+``Device`` randomizes a device's values with the campaign's protocols (every protocol and multidimensional
+solution of ldp-stream, byte for byte the reference's reports: ``tests/data/randomizer-vectors.json``), keeps its
+memo state and lifetime privacy budget in a private state directory, and sends single reports to the ingest.
+
+>>> from ldp_device import Campaign, Device
+>>> dev = Device(Campaign.load("deploy/campaigns/demo.toml"), "device-state", budget_eps=20.0,
+...              ingest_url="http://127.0.0.1:8080/reports", token=TOKEN)   # doctest: +SKIP
+>>> dev.send("app_version", 42)                                             # doctest: +SKIP
+{'accepted': 1}
+"""
+from __future__ import annotations
+
+from .base import MemoState, Protocol
+from .campaign import Attribute, Campaign, Group, step_at
+from .codec import encode_payload, single_report
+from .device import Device
+from .errors import (BudgetExceeded, CampaignError, DeviceStateError, InfeasibleParameters, IngestError,
+                     InvalidState, LDPError)
+from .ledger import budget_plan
+from .registry import PROTOCOLS, from_params, make
+from .solutions import SOLUTIONS, MultiState, Solution, make_solution
+from .streams import key_tape, os_key
+
+__version__ = "0.1.0"
+
+__all__ = ["Device", "Campaign", "Attribute", "Group", "step_at", "budget_plan", "make", "from_params", "PROTOCOLS",
+           "make_solution", "SOLUTIONS", "Solution", "Protocol", "MemoState", "MultiState", "encode_payload",
+           "single_report", "key_tape", "os_key", "LDPError", "InfeasibleParameters", "InvalidState", "CampaignError",
+           "BudgetExceeded", "DeviceStateError", "IngestError", "__version__"]
