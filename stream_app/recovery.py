@@ -40,6 +40,9 @@ __all__ = ["BrokerView", "ConsumerControl", "Recovery"]
 #: at most this many steps before a lost partition's next message are marked incomplete (a wall-clock campaign's
 #: steps are numbered from 1970: its stream step at the loss is near its next message's, never 28 million away)
 MAX_LOST_STEPS = 10_000
+#: a stalled partition whose seek target and the offset that arrived first instead are at most this far apart is
+#: checked for a hole in the broker's log (each offset read once, outside the consumer group)
+MAX_HOLE = 16
 
 log = logging.getLogger(__name__)
 
@@ -433,9 +436,28 @@ class Recovery:
         for p in stalled:
             start = recorded[p][0] + 1 if p in recorded else earliest.get(p, 0)
             if ends.get(p, 0) > start:
-                log.warning("partition %s: messages %s..%s wait and none was handled for %.0f s: seeking to %s again", p,
-                            start, ends[p] - 1, now - self.progress_at[p], start)
+                first = self._reseeks.get(p, (0, -1))[1]  # a later offset that came first after a seek to start
+                if start < first <= start + MAX_HOLE and await self._hole(p, start, first):
+                    log.error("partition %s: the broker holds no message at offsets %s..%s (a hole its restart left, "
+                              "below messages it kept; producers resend what they saw fail): going on at %s", p, start,
+                              first - 1, first)
+                    start = first
+                else:
+                    log.warning("partition %s: messages %s..%s wait and none was handled for %.0f s: seeking to %s "
+                                "again", p, start, ends[p] - 1, now - self.progress_at[p], start)
                 self.replay_from[p] = start
                 self._reseeks.pop(p, None)
                 self.consumer.reseek(p, start)
             self.progress_at[p] = now
+
+    async def _hole(self, partition: int, start: int, end: int) -> bool:
+        """Whether the broker holds no message at any offset of ``start .. end - 1`` (read outside the group: a
+        consumer sought into such a hole waits there for ever, as tansu answers a fetch there with nothing)."""
+        for offset in range(start, end):
+            try:
+                if await self.broker.ident_at(partition, offset) is not None:  # type: ignore[union-attr]
+                    return False
+            except Exception as exc:  # noqa: BLE001 - the broker cannot tell: no hole assumed, seek again
+                log.warning("partition %s: cannot read offset %s to look for a hole (%s)", partition, offset, exc)
+                return False
+        return True

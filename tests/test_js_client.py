@@ -69,6 +69,12 @@ def test_the_ledger_campaign_fixture_is_the_vectors_toml():
     assert len(tomls) == 1 and fixture == tomllib.loads(tomls.pop())
 
 
+def test_the_wire_campaign_fixture_is_the_wire_vectors_toml():
+    fixture = json.loads((JS / "test-support" / "fixtures" / "wire-campaign.json").read_text())
+    wire = json.loads((Path(__file__).parent / "data" / "wire-vectors.json").read_text())
+    assert fixture == tomllib.loads(wire["campaign_toml"])
+
+
 def test_node_devices_are_counted_exactly_once_through_the_ingest(local_stack, tmp_path, node):
     path = unique_campaign_file(E2E, tmp_path)
     campaign = Campaign.load(path)

@@ -8,6 +8,7 @@ Redis and broker are in test_worker.py, test_fuzz.py and test_exactly_once.py.
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 from typing import Any
 
@@ -200,6 +201,54 @@ def test_an_unrepairable_loss_marks_the_steps_the_lost_backlog_may_have_held():
     asyncio.run(run())
     want = {(CAMPAIGN.id, a, t) for a in CAMPAIGN.attributes for t in range(2, 6)}
     assert set(store.incomplete) == want and recovery.lost_from == {}
+
+
+class _HoleBroker:
+    """The reports topic as the recovery reads it outside the group: messages everywhere but at ``missing``."""
+
+    def __init__(self, missing: set[int]) -> None:
+        self.missing = missing
+
+    async def report_ends(self) -> dict[int, int]:
+        return {0: 150}
+
+    async def ident_at(self, partition: int, offset: int) -> str | None:
+        return None if offset in self.missing else f"id-{offset}"
+
+
+class _Seeks:
+    def __init__(self) -> None:
+        self.seeks: list[tuple[int, int]] = []
+
+    def reseek(self, partition: int, offset: int) -> None:
+        self.seeks.append((partition, offset))
+
+    async def earliest_offsets(self, partitions: list[int]) -> dict[int, int]:
+        return {p: 0 for p in partitions}
+
+
+class _Positions:
+    async def positions(self, app_id: str, topic: str) -> dict[int, tuple[int, str]]:
+        return {0: (106, "id-106")}
+
+
+@pytest.mark.parametrize("missing", [{107, 108}, {107}])
+def test_a_stalled_partition_steps_over_a_hole_in_the_brokers_log(missing):
+    """Seen in a CI run after a durable broker's SIGKILL: the store's position was 106, the broker kept 109.. but not
+    107 and 108, and a consumer sought to 107 waits there for ever (the fetch answers nothing), while offset 109 came
+    first after the seek. The stall check reads the offsets in between outside the group: if none is there, the
+    partition goes on at 109; if one is (108), it is sought to 107 again, as before."""
+    _, _, recovery, _ = _rig()
+    consumer = _Seeks()
+    recovery.broker, recovery.consumer, recovery.store = _HoleBroker(missing), consumer, _Positions()
+    recovery.assigned = [0]
+    recovery.replay_from[0] = 107  # the positions were restored to the store's
+    assert not recovery.admit(0, 109) and consumer.seeks == [(0, 107)]
+    recovery.progress_at[0] = time.monotonic() - 20  # then nothing arrived
+    asyncio.run(recovery._check_stalls())
+    hole = missing == {107, 108}
+    assert consumer.seeks[-1] == (0, 109 if hole else 107)
+    assert recovery.admit(0, 109) is hole
 
 
 def test_a_far_future_step_is_rejected_and_recorded():

@@ -213,6 +213,8 @@ export declare class Campaign {
   attribute(name: string): Attribute;
   group(name: string): Group;
   reportProtocol(attribute: string): Protocol;
+  /** The fingerprint a compact body's section carries for the attribute (a group attribute: its view of the solution). */
+  wireFingerprint(attribute: string): string;
   stepAt(nowSeconds?: number): number;
   static fromJSON(data: CampaignJSON | string): Campaign;
 }
@@ -230,6 +232,13 @@ export declare function encodePayload(reports: Uint8Array, count?: number): Uint
 export declare function decodePayload(payload: Uint8Array, reportNbytes: number): Uint8Array;
 export declare function encodeSingleReport(campaign: Campaign, attribute: string, t: number, reportBytes: Uint8Array): SingleReport;
 export declare function base64Encode(bytes: Uint8Array): string;
+/** One section of a compact binary body: `t` null means the ingest's receiving step. */
+export interface CompactSection {
+  campaign: string; attribute: string; fingerprint: string; t: number | null; payload: Uint8Array;
+}
+export declare const COMPACT_CONTENT_TYPE: 'application/x-ldp-reports';
+/** The compact binary body (application/x-ldp-reports; docs/wire-format.md section 3). */
+export declare function encodeCompact(sections: CompactSection[]): Uint8Array;
 export declare function base64Decode(text: string): Uint8Array;
 export declare function checkStep(t: number): number;
 
@@ -337,10 +346,12 @@ export declare class Device extends Ledger {
   reportGroup(group: string, values: GroupValues, t?: number | null): SingleReport[];
   send(attribute: string, value: Value, t?: number | null): Promise<Record<string, unknown>>;
   sendGroup(group: string, values: GroupValues, t?: number | null): Promise<Record<string, unknown>>;
-  post(objs: SingleReport | SingleReport[]): Promise<Record<string, unknown>>;
+  /** The report objects as ONE compact binary body, retried like send(). */
+  sendBinary(objs: SingleReport | SingleReport[]): Promise<Record<string, unknown>>;
+  post(objs: SingleReport | SingleReport[] | Uint8Array): Promise<Record<string, unknown>>;
 }
 
-export declare function postReport(url: string, obj: SingleReport | SingleReport[] | string, options?: {
+export declare function postReport(url: string, obj: SingleReport | SingleReport[] | string | Uint8Array, options?: {
   timeoutSeconds?: number; token?: string | null; idempotencyKey?: string | null; fetch?: typeof globalThis.fetch;
 }): Promise<Record<string, unknown>>;
 export declare function retryable(exc: IngestError): boolean;

@@ -4,7 +4,7 @@
 //  groups: [{name, attributes: [...], solution, <its parameters>}, ...]}
 import { make } from './registry.js';
 import { makeSolution } from './multidim.js';
-import { LDPError } from './util.js';
+import { LDPError, fingerprintOf } from './util.js';
 
 export class CampaignError extends LDPError {
   constructor(message) {
@@ -69,6 +69,17 @@ export class Campaign {
   reportProtocol(name) {
     const a = this.attribute(name);
     return a.group === null ? a.protocol : this.groups.get(a.group).solution.channels[a.index];
+  }
+
+  /** The fingerprint a compact body's section carries for an attribute (wire/campaign.py): its protocol's, or
+   * for a group attribute its view of the group's solution (solution, attribute index, channel). */
+  wireFingerprint(name) {
+    const a = this.attribute(name);
+    if (a.group === null) return a.protocol.fingerprint;
+    const sol = this.groups.get(a.group).solution;
+    const ch = sol.channels[a.index];
+    return fingerprintOf({ protocol: `${sol.name}/${ch.name}`, solution: sol.params(), attribute: a.index,
+      channel: ch.params() });
   }
 
   /** floor(unix_time / time_step_seconds): the step a device stamps on a report. */

@@ -10,7 +10,7 @@ import { Ledger } from './ledger.js';
 import { cryptoKeys, bytesToHex, randomBytes } from './chacha.js';
 import { FileStorage } from './storage.js';
 import { LDPError } from './util.js';
-import { checkStep, encodeSingleReport } from './wire.js';
+import { COMPACT_CONTENT_TYPE, base64Decode, checkStep, encodeCompact, encodeSingleReport } from './wire.js';
 
 /** The ingest did not accept a request (`status` null if it could not be reached). */
 export class IngestError extends LDPError {
@@ -38,8 +38,9 @@ export function idempotencyKey() {
  */
 export async function postReport(url, obj, { timeoutSeconds = 10, token = null, idempotencyKey: key = null,
   fetch: fetchFn = globalThis.fetch } = {}) {
-  const body = typeof obj === 'string' ? obj : JSON.stringify(obj);
-  const headers = { 'Content-Type': 'application/json', Accept: 'application/json' };
+  const binary = obj instanceof Uint8Array;
+  const body = binary || typeof obj === 'string' ? obj : JSON.stringify(obj);
+  const headers = { 'Content-Type': binary ? COMPACT_CONTENT_TYPE : 'application/json', Accept: 'application/json' };
   if (token) headers.Authorization = `Bearer ${token}`;
   if (key) headers['Idempotency-Key'] = key;
   const ctl = typeof AbortController === 'function' ? new AbortController() : null;
@@ -121,10 +122,27 @@ export class Device extends Ledger {
     return this.post(this.reportGroup(group, values, t));
   }
 
-  /** POST report objects with one Idempotency-Key and the retries of send(). */
+  /** POST report objects (of report / reportGroup) as ONE compact binary body (application/x-ldp-reports), with the
+   * retries of send(); each section carries its attribute's fingerprint, and a null `t` the receiving step. */
+  async sendBinary(objs) {
+    if (!this.ingestUrl) throw new IngestError('no ingestUrl configured for this device');
+    const items = Array.isArray(objs) ? objs : [objs];
+    const sections = items.map((o) => {
+      if (o?.campaign !== this.campaign.id) {
+        throw new LDPError(`report of campaign ${JSON.stringify(o?.campaign)}, this device reports '${this.campaign.id}'`);
+      }
+      const attribute = String(o.attribute);
+      return { campaign: this.campaign.id, attribute, fingerprint: this.campaign.wireFingerprint(attribute),
+        t: o.t ?? null, payload: base64Decode(o.payload) };
+    });
+    return this.post(encodeCompact(sections));
+  }
+
+  /** POST report objects (a JSON body) or a compact body (Uint8Array) with one Idempotency-Key and the retries of
+   * send(). */
   async post(objs) {
     const key = idempotencyKey();
-    const body = JSON.stringify(objs); // the same bytes on every attempt
+    const body = objs instanceof Uint8Array ? objs : JSON.stringify(objs); // the same bytes on every attempt
     for (let attempt = 0; ; attempt++) {
       try {
         return await postReport(this.ingestUrl, body, { timeoutSeconds: this.timeoutSeconds, token: this.token,

@@ -16,7 +16,8 @@ export { SS } from './subset.js';
 export { SHE, THE, theOptimalTheta } from './histogram.js';
 export { makeSolution, SOLUTIONS, MultiState, Solution, amplifiedEps } from './multidim.js';
 export { Campaign, CampaignError, Attribute, Group, MAX_STEP } from './campaign.js';
-export { encodePayload, decodePayload, encodeSingleReport, base64Encode, base64Decode, checkStep } from './wire.js';
+export { encodePayload, decodePayload, encodeSingleReport, base64Encode, base64Decode, checkStep, encodeCompact,
+  COMPACT_CONTENT_TYPE } from './wire.js';
 export { Ledger, BudgetExceeded, DeviceStateError, budgetPlan } from './ledger.js';
 export { Device, IngestError, postReport, retryable, idempotencyKey } from './device.js';
 export { MemoryStorage, LocalStorageStorage, FileStorage } from './storage.js';

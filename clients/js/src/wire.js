@@ -1,6 +1,7 @@
 // The wire formats a device produces (estimators/base.py FrequencyProtocol.encode, wire/single_report.py):
 // the batch payload of one report ("LDPr", codec version 1, u32 LE count, the report bytes) and the
-// single-report JSON object {campaign, attribute, t, payload: base64(payload)} that the ingest's POST /reports takes.
+// single-report JSON object {campaign, attribute, t, payload: base64(payload)} that the ingest's POST /reports takes,
+// and the compact binary body (application/x-ldp-reports, wire/compact.py; docs/wire-format.md section 3).
 import { LDPError } from './util.js';
 import { MAX_STEP } from './campaign.js';
 
@@ -75,4 +76,62 @@ export function encodeSingleReport(campaign, attribute, t, reportBytes) {
     throw new LDPError(`a report of '${attribute}' has ${proto.reportNbytes} bytes, got ${reportBytes.length}`);
   }
   return { campaign: campaign.id, attribute, t: checkStep(t), payload: base64Encode(encodePayload(reportBytes, 1)) };
+}
+
+export const COMPACT_CONTENT_TYPE = 'application/x-ldp-reports';
+export const MAX_SECTIONS = 256;
+export const MAX_REPORTS = 100000;
+const SECTION_BYTES = 24;
+const T_RECEIVED = 0x01;
+
+function nameBytes(text, what) {
+  const b = new TextEncoder().encode(text);
+  if (!(b.length >= 1 && b.length <= 255)) throw new LDPError(`${what} ${JSON.stringify(text.slice(0, 20))} must be 1 to 255 utf-8 bytes`);
+  return b;
+}
+
+/**
+ * The compact binary body of `sections`, each {campaign, attribute, fingerprint (16 hex digits), t (null: the
+ * receiving step), payload (a batch payload, Uint8Array)}: "LDPC" | version 1 | flags 0 | u16 sections, then per
+ * section fingerprint 8 bytes | t u32 | count u32 | payload length u32 | flags u8 | campaign length u8 |
+ * attribute length u8 | 0, the names and the payload (little-endian).
+ */
+export function encodeCompact(sections) {
+  if (!(sections.length >= 1 && sections.length <= MAX_SECTIONS)) {
+    throw new LDPError(`a body holds 1 to ${MAX_SECTIONS} sections, got ${sections.length}`);
+  }
+  const parts = [];
+  let total = 0;
+  sections.forEach((sec, i) => {
+    const payload = sec.payload;
+    const count = payload.length >= HEADER_BYTES ? new DataView(payload.buffer, payload.byteOffset).getUint32(5, true) : 0;
+    if (payload.length < HEADER_BYTES || !MAGIC.every((b, j) => payload[j] === b) || payload[4] !== CODEC_VERSION || count < 1) {
+      throw new LDPError(`section ${i} (${JSON.stringify(sec.attribute)}) holds no report payload`);
+    }
+    if (!/^[0-9a-f]{16}$/.test(sec.fingerprint)) throw new LDPError(`fingerprint must be 16 hex digits, got ${sec.fingerprint}`);
+    const c = nameBytes(sec.campaign, 'campaign id');
+    const a = nameBytes(sec.attribute, 'attribute name');
+    const head = new Uint8Array(SECTION_BYTES);
+    const dv = new DataView(head.buffer);
+    for (let j = 0; j < 8; j++) head[j] = parseInt(sec.fingerprint.substr(2 * j, 2), 16);
+    dv.setUint32(8, sec.t === null || sec.t === undefined ? 0 : checkStep(sec.t), true);
+    dv.setUint32(12, count, true);
+    dv.setUint32(16, payload.length, true);
+    head[20] = sec.t === null || sec.t === undefined ? T_RECEIVED : 0;
+    head[21] = c.length;
+    head[22] = a.length;
+    parts.push(head, c, a, payload);
+    total += count;
+  });
+  if (total > MAX_REPORTS) throw new LDPError(`a body holds at most ${MAX_REPORTS} reports, got ${total}`);
+  const size = 8 + parts.reduce((n, p) => n + p.length, 0);
+  const out = new Uint8Array(size);
+  out.set([0x4c, 0x44, 0x50, 0x43, 1, 0], 0); // "LDPC", version 1, flags 0
+  new DataView(out.buffer).setUint16(6, sections.length, true);
+  let o = 8;
+  for (const p of parts) {
+    out.set(p, o);
+    o += p.length;
+  }
+  return out;
 }
