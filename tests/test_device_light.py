@@ -11,7 +11,6 @@ import json
 import logging
 import math
 import os
-import socket
 import stat
 import subprocess
 import sys
@@ -427,58 +426,6 @@ def test_importing_ldp_device_is_light(tmp_path):
 
 
 # ---------------------------------------------------------------------------- through a real ingest
-class DroppingProxy:
-    """A TCP proxy in front of the ingest that forwards the first request and drops the connection before the
-    answer (the ingest processed it; the device never hears back), then relays everything. Records each
-    request's bytes. (The pattern of tests/test_sdk_send.py.)"""
-
-    def __init__(self, upstream_port: int) -> None:
-        self.upstream = upstream_port
-        self.requests: list[bytes] = []
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    @staticmethod
-    def _read_message(conn: socket.socket) -> bytes:
-        data = b""
-        while b"\r\n\r\n" not in data:
-            chunk = conn.recv(65536)
-            if not chunk:
-                return data
-            data += chunk
-        head, _, body = data.partition(b"\r\n\r\n")
-        length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
-                       if line.lower().startswith(b"content-length:")), 0)
-        while len(body) < length:
-            body += conn.recv(65536)
-        return head + b"\r\n\r\n" + body
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                client, _ = self.sock.accept()
-            except OSError:
-                return
-            with client:
-                request = self._read_message(client)
-                self.requests.append(request)
-                with socket.create_connection(("127.0.0.1", self.upstream)) as up:
-                    up.sendall(request)
-                    answer = self._read_message(up)
-                if len(self.requests) > 1:
-                    client.sendall(answer)
-
-    def close(self) -> None:
-        self.sock.close()
-
-
-def _header(request: bytes, name: bytes) -> bytes | None:
-    for line in request.partition(b"\r\n\r\n")[0].split(b"\r\n")[1:]:
-        key, _, value = line.partition(b":")
-        if key.strip().lower() == name:
-            return value.strip()
-    return None
 
 
 @pytest.mark.timeout(180)
@@ -487,6 +434,7 @@ def test_a_retried_send_through_a_real_ingest_counts_once(local_stack, tmp_path)
     bytes and Idempotency-Key, and the pipeline counts the report once (n = 1, the report's support)."""
     import numpy as np
 
+    from ldpstream_dev.dropping_proxy import DroppingProxy, request_body, request_header
     from ldpstream_dev.workers import IngestProcess, WorkerProcess, unique_campaign_file, wait_for_counts
 
     path = unique_campaign_file(E2E, tmp_path)
@@ -509,7 +457,7 @@ def test_a_retried_send_through_a_real_ingest_counts_once(local_stack, tmp_path)
         assert reply == {"accepted": 1}
         first, second = proxy.requests
         assert first.partition(b"\r\n\r\n")[2] == second.partition(b"\r\n\r\n")[2]
-        assert _header(first, b"idempotency-key") == _header(second, b"idempotency-key") is not None
+        assert request_header(first, b"idempotency-key") == request_header(second, b"idempotency-key") is not None
         assert dev.memo_slots[attr] == 1 and dev.memoized_count(attr) == 1
         payload = base64.b64decode(json.loads(first.partition(b"\r\n\r\n")[2])["payload"])
         report = np.frombuffer(payload[9:], dtype=np.uint8)

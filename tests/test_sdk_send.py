@@ -5,8 +5,6 @@ from __future__ import annotations
 import base64
 import json
 import logging
-import socket
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -15,6 +13,7 @@ import numpy as np
 import pytest
 
 from estimators.errors import LDPError
+from ldpstream_dev.dropping_proxy import DroppingProxy, request_body, request_header
 from ldpstream_dev.workers import IngestProcess, WorkerProcess, unique_campaign_file, wait_for_counts
 from producers.sdk import Device, IngestError
 from wire.campaign import Campaign
@@ -58,64 +57,6 @@ def test_the_budget_says_what_it_memoizes_at_construction(tmp_path, caplog):
         Device(Campaign.load(DEMO), tmp_path / "small", budget_eps=1.0)
 
 
-class DroppingProxy:
-    """A TCP proxy in front of the ingest that forwards the first request and drops the connection before the
-    answer (the ingest processed it; the device never hears back), then relays everything. Records each
-    request's bytes."""
-
-    def __init__(self, upstream_port: int) -> None:
-        self.upstream = upstream_port
-        self.requests: list[bytes] = []
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
-
-    @staticmethod
-    def _read_message(conn: socket.socket) -> bytes:
-        data = b""
-        while b"\r\n\r\n" not in data:
-            chunk = conn.recv(65536)
-            if not chunk:
-                return data
-            data += chunk
-        head, _, body = data.partition(b"\r\n\r\n")
-        length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
-                       if line.lower().startswith(b"content-length:")), 0)
-        while len(body) < length:
-            body += conn.recv(65536)
-        return head + b"\r\n\r\n" + body
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                client, _ = self.sock.accept()
-            except OSError:
-                return
-            with client:
-                request = self._read_message(client)
-                self.requests.append(request)
-                with socket.create_connection(("127.0.0.1", self.upstream)) as up:
-                    up.sendall(request)
-                    answer = self._read_message(up)
-                if len(self.requests) > 1:
-                    client.sendall(answer)
-                # the first: closed with no answer
-
-    def close(self) -> None:
-        self.sock.close()
-
-
-def _body(request: bytes) -> bytes:
-    return request.partition(b"\r\n\r\n")[2]
-
-
-def _header(request: bytes, name: bytes) -> bytes | None:
-    for line in request.partition(b"\r\n\r\n")[0].split(b"\r\n")[1:]:
-        key, _, value = line.partition(b":")
-        if key.strip().lower() == name:
-            return value.strip()
-    return None
 
 
 def test_send_retried_after_a_dropped_connection_counts_once_and_never_randomizes_again(local_stack, tmp_path):
@@ -138,10 +79,10 @@ def test_send_retried_after_a_dropped_connection_counts_once_and_never_randomize
             proxy.close()
         assert reply == {"accepted": 1}
         first, second = proxy.requests
-        assert _body(first) == _body(second)  # the same randomized report, not a second randomization
-        assert _header(first, b"idempotency-key") == _header(second, b"idempotency-key") is not None
+        assert request_body(first) == request_body(second)  # the same randomized report, not a second randomization
+        assert request_header(first, b"idempotency-key") == request_header(second, b"idempotency-key") is not None
         assert dev.memo_slots[attr] == 1  # one report reserved, once
-        obj = json.loads(_body(first))
+        obj = json.loads(request_body(first))
         support = proto.support(proto.decode(base64.b64decode(obj["payload"])))
         wait_for_counts(redis_url, campaign.id, {(attr, t): (support, 1)}, timeout=30)
 
