@@ -14,7 +14,6 @@ rates compare like with like; the ratio column is each rate over the numba kerne
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -81,8 +80,8 @@ def single_report_rate(k: int, eps_inf: float, eps_1: float, seconds: float = 2.
     return Rate("reference SDK path (numba, one report per call)", done / (time.perf_counter() - start))
 
 
-def _json_line(cmd: list[str], cwd: Path, timeout: float, env: dict | None = None) -> dict:
-    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
+def _json_line(cmd: list[str], cwd: Path, timeout: float) -> dict:
+    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed: {proc.stderr.strip()[-500:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
