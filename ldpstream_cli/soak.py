@@ -91,6 +91,9 @@ FAULT_KINDS = ("worker_kill", "duplicate_batch", "producer_kill", "worker_add", 
                "broker_restart")
 _ROOT = Path(__file__).resolve().parent.parent
 APP_ID = "ldp-soak"
+#: How long the end of a soak waits for every worker's ``/health`` to answer 200 (a worker restarted by the
+#: last fault may still be starting or catching up on a loaded machine).
+HEALTH_WAIT_SECONDS = 30.0
 _DATASET, _P_CHANGE = "syn", 0.25  # the fleet's dataset, passed to `ldp produce` and to the offline truth
 _METRICS = ("ldp_duplicate_batches_total", "ldp_reports_total", "ldp_rejected_batches_total",
             "ldp_store_resets_total", "ldp_count_regressions_total", "ldp_unrepairable_losses_total")
@@ -774,11 +777,13 @@ class Soak:
         published = [d for d in consume_json(info.kafka_bootstrap, ESTIMATES_TOPIC, idle_seconds=2.0, timeout=180.0)
                      if d.get("campaign") == self.campaign.id]
         figures = compare(self.truth.expected, counted, published, store_finals)
-        healthy = sum(1 for w in self.workers if w.info and _get(f"{w.url}/health") is not None)
+        unhealthy = self._unhealthy_workers(HEALTH_WAIT_SECONDS)
+        healthy = len(self.workers) - len(unhealthy)
         totals = self._metric_totals()
         problems = figures.pop("problems") + self.problems
-        if healthy < len(self.workers):
-            problems.append(f"{len(self.workers) - healthy} worker(s) not healthy at the end")
+        if unhealthy:
+            problems.append(f"{len(unhealthy)} worker(s) not healthy at the end (within {HEALTH_WAIT_SECONDS:g} s): "
+                            + "; ".join(unhealthy))
         cfg = {k: (str(v) if isinstance(v, Path) else v) for k, v in self.config.__dict__.items()}
         return SoakReport(config=cfg, seconds=round(window, 1), total_seconds=round(self.elapsed(), 1),
                           steps_expected=self.config.steps, lateness_seconds=self.campaign.lateness_seconds,
@@ -788,6 +793,26 @@ class Soak:
                           duplicate_batches_skipped=int(totals["ldp_duplicate_batches_total"]), metrics=totals,
                           workers_at_end=len(self.workers), workers_healthy_at_end=healthy, problems=problems,
                           **figures)
+
+    def _unhealthy_workers(self, seconds: float) -> list[str]:
+        """The workers whose ``/health`` has not answered 200 within ``seconds`` (a worker that has just
+        recovered from the last fault may still be catching up), each with its last ``/status`` problems."""
+        deadline = time.monotonic() + seconds
+        waiting = list(self.workers)
+        while True:
+            waiting = [w for w in waiting if not (w.info and _get(f"{w.url}/health") is not None)]
+            if not waiting or time.monotonic() >= deadline:
+                break
+            time.sleep(0.5)
+        found = []
+        for w in waiting:
+            status = _get(f"{w.url}/status") if w.info else None
+            try:
+                problems = [p.get("problem") for p in json.loads(status or b"{}").get("problems", [])]
+            except ValueError:
+                problems = []
+            found.append(f"{self._name(w)}: {problems or 'no answer'}")
+        return found
 
     def close(self) -> None:
         """Stop the fleet, the workers and the stack."""

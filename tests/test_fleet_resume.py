@@ -377,7 +377,10 @@ def test_private_fleet_sigkilled_at_20_points_counts_exact(local_stack, tmp_path
             target = i * (steps - 2) // 20  # two steps more: a killed run never ends the fleet
             assert committed() < steps, f"the fleet finished after {kills} kills"
             slow = i == 5  # the run a second producer meets: slow enough to be running then
-            proc = start(rate_=rate / 20 if slow else rate)
+            # a fleet ahead of the kill schedule (a busy machine let a run draw more than one step before its kill)
+            # resumes ten times slower, so that the later kills still land before its last step
+            ahead = committed() > target
+            proc = start(rate_=rate / 20 if slow else rate / 10 if ahead else rate)
             deadline = time.monotonic() + 30
             while not (holder() == proc.pid and (slow or ((m := meta()).get("pending") and m["next_step"] >= target))):
                 assert proc.is_alive(), f"ldp produce exited {proc.exitcode}: {log.read_text()[-3000:]}"

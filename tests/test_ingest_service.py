@@ -569,7 +569,12 @@ def test_the_handler_answers_an_in_doubt_retry_as_not_accepted(local_stack):
 
 
 def test_sigterm_answers_requests_in_flight_then_exits(env):
-    """Last: stops the ingest. Requests sent right before SIGTERM are answered; the process exits 0."""
+    """Last: stops the ingest. Requests sent right before SIGTERM are answered; the process exits 0.
+
+    A request the ingest had not begun to read when SIGTERM came (still in the listen backlog, or accepted
+    with its headers not yet parsed) is closed without an answer, as uvicorn's graceful stop does: the device
+    sees a dropped connection and sends again. Such a request, like a refused one, must not be counted; any
+    other outcome (an error status, a timeout) fails."""
     import concurrent.futures
 
     c, t = env.campaign, now_step(env)
@@ -582,8 +587,10 @@ def test_sigterm_answers_requests_in_flight_then_exits(env):
             return post(f"{env.url}/reports", objs[i][0], token=tokens[i])[0]
         except ConnectionRefusedError:
             return -1  # not connected: the port was closed already
+        except (ConnectionResetError, BrokenPipeError):  # http.client.RemoteDisconnected is a ConnectionResetError
+            return -2  # closed without an answer: never begun
         except OSError:
-            return -2
+            return -3
 
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         futs = [pool.submit(send, i) for i in range(len(objs))]
@@ -591,7 +598,7 @@ def test_sigterm_answers_requests_in_flight_then_exits(env):
         env.ingest.send_signal(signal.SIGTERM)
         results = [f.result() for f in futs]
     assert env.ingest.wait(30) == 0, env.log.read_text()[-3000:]
-    assert set(results) <= {200, -1} and results.count(200) >= 1, results
+    assert set(results) <= {200, -1, -2} and results.count(200) >= 1, results
     # every answered request was counted, none of the others
     expect(env, before_counts, {("app_version", t): np.concatenate([objs[i][1] for i, r in enumerate(results)
                                                                      if r == 200])})
