@@ -809,6 +809,7 @@ def worker(campaign_paths: Annotated[Optional[list[Path]], _setting_option("camp
            redis_url: Annotated[Optional[str], _setting_option("redis_url")] = None,
            app_id: Annotated[Optional[str], _setting_option("app_id")] = None,
            partitions: Annotated[Optional[int], _setting_option("partitions")] = None,
+           estimates_partitions: Annotated[Optional[int], _setting_option("estimates_partitions")] = None,
            topic_prefix: Annotated[Optional[str], _setting_option("topic_prefix")] = None,
            refresh_seconds: Annotated[Optional[float], _setting_option("refresh_seconds")] = None,
            session_timeout: Annotated[Optional[float], _setting_option("session_timeout")] = None,
@@ -822,16 +823,27 @@ def worker(campaign_paths: Annotated[Optional[list[Path]], _setting_option("camp
            stream_buffer_maxsize: Annotated[Optional[int], _setting_option("stream_buffer_maxsize")] = None,
            consumer_max_fetch_size: Annotated[Optional[int], _setting_option("consumer_max_fetch_size")] = None,
            consumer_fetch_max_wait: Annotated[Optional[float], _setting_option("consumer_fetch_max_wait")] = None,
-           shutdown_timeout: Annotated[Optional[float], _setting_option("shutdown_timeout")] = None) -> None:
+           shutdown_timeout: Annotated[Optional[float], _setting_option("shutdown_timeout")] = None,
+           per_value_metrics: Annotated[Optional[bool], _setting_option("per_value_metrics")] = None,
+           per_value_metrics_max_k: Annotated[Optional[int], _setting_option("per_value_metrics_max_k")] = None,
+           redis_memory_bytes: Annotated[Optional[str], _setting_option("redis_memory_bytes")] = None,
+           retention_batches_per_step: Annotated[Optional[int],
+                                                 _setting_option("retention_batches_per_step")] = None) -> None:
     """Run a stream-app worker: count reports into Redis, publish estimates, serve the API.
 
     Each option falls back to its environment variable, then to its default (stream_app.settings);
     --kafka and --redis, given by neither, to the addresses of `ldp stack up`."""
     given = dict(locals())  # the parameters are named after the WorkerSettings fields
-    from stream_app.settings import SettingsError, WorkerSettings
+    from stream_app.settings import SettingsError, WorkerSettings, parse_memory
+    from stream_app.store.memory import RetentionTooLarge
     from stream_app.worker import run_worker
 
     try:
+        if redis_memory_bytes is not None:  # 512mb, 2gb ... as the variable
+            try:
+                given["redis_memory_bytes"] = parse_memory(redis_memory_bytes)
+            except ValueError as exc:
+                raise SettingsError(f"--redis-memory: {exc}") from exc
         values = WorkerSettings.merge(given)
         if "campaign_paths" in values and not {"kafka_bootstrap", "redis_url"} <= values.keys():
             values["kafka_bootstrap"], values["redis_url"] = stack_addresses(values.get("kafka_bootstrap"),
@@ -849,7 +861,10 @@ def worker(campaign_paths: Annotated[Optional[list[Path]], _setting_option("camp
         RedisSecurity.from_env().client_kwargs(settings.redis_url)
     except TransportConfigError as exc:
         fail(exc)
-    run_worker(settings)
+    try:
+        run_worker(settings)
+    except RetentionTooLarge as exc:  # the campaigns' retention cannot fit the Redis memory: refused at start
+        fail(exc)
 
 
 @app.command()

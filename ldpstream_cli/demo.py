@@ -50,6 +50,9 @@ def _view(campaign: Campaign, truth: dict, finals: dict, header: str, top: int) 
             continue
         t = done[-1]
         doc, f = finals[(attr, t)], truth[(attr, t)]
+        if doc["frequencies"] is None:  # fewer reports than the campaign's min_n (docs/estimates.md)
+            panels.append(Panel(f"step {t}: n={doc['n']:,} is below min_n = {doc['min_n']}: no estimate", title=attr))
+            continue
         est, ci = np.asarray(doc["frequencies"]), doc.get("ci95_halfwidth") or 0.0
         sd = np.sqrt(a.protocol.variance_exact(f, doc["n"]))
         tab = Table(expand=True, show_edge=False, pad_edge=False)
@@ -169,9 +172,9 @@ def _run(run: Path, campaign_path: Path, campaign: Campaign, devices: int, steps
             finally:
                 _in_loop[0] = False
         _check_interrupted()
-        zmax = max(float(np.max(np.abs(np.asarray(finals[k]["frequencies"]) - truth[k])
-                                / np.sqrt(campaign.attribute(k[0]).protocol.variance_exact(truth[k], finals[k]["n"]))))
-                   for k in finals)
+        zmax = max((float(np.max(np.abs(np.asarray(finals[k]["frequencies"]) - truth[k])
+                                 / np.sqrt(campaign.attribute(k[0]).protocol.variance_exact(truth[k], finals[k]["n"]))))
+                    for k in finals if finals[k]["frequencies"] is not None), default=0.0)
         console.print()
         console.print(f"[green]done[/green]: {len(finals)} final estimates, largest deviation {zmax:.2f} standard "
                       f"deviations of the exact variance")

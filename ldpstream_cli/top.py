@@ -1,7 +1,8 @@
 """`ldp top`: a worker's live figures in the terminal, for SSH sessions (the dashboard page's content as text).
 
 Polls one worker's HTTP API (``GET /campaigns``, ``/estimates/{c}/{a}`` and ``.../history``, ``/metrics``,
-``/status``) and redraws: operations (reports/s, reports counted, rejections by reason, consumer lag, estimate
+``/status``) and redraws: operations (reports/s: the increase of ``ldp_reports_total`` between two polls, none
+with ``--once``; reports counted, rejections by reason, consumer lag, estimate
 latency), and per attribute the latest step (final or open, ``n``), a sparkline of its histogram, the top
 values with the 95% half-width, and the privacy figures (ε1, ε∞, worst-case longitudinal ε so far and its bound).
 """
@@ -21,7 +22,7 @@ from rich.live import Live
 from rich.panel import Panel
 from rich.table import Table
 
-__all__ = ["Snapshot", "fetch_snapshot", "render", "run_top"]
+__all__ = ["Snapshot", "fetch_snapshot", "render", "reports_per_second", "run_top"]
 
 _BLOCKS = " ▁▂▃▄▅▆▇█"
 
@@ -36,6 +37,7 @@ class Snapshot:
     finals: dict[tuple[str, str], list[dict[str, Any]]] = field(default_factory=dict)
     samples: dict[str, list[tuple[dict[str, str], float]]] = field(default_factory=dict)  # metric -> samples
     status: dict[str, Any] | None = None
+    taken: float = field(default_factory=time.monotonic)  # when the poll began
 
     def total(self, metric: str, **labels: str) -> float:
         return sum(v for lab, v in self.samples.get(metric, []) if all(lab.get(k) == x for k, x in labels.items()))
@@ -90,8 +92,17 @@ def _sparkline(values: list[float], width: int = 48) -> str:
     return "".join(_BLOCKS[min(len(_BLOCKS) - 1, max(0, round(v / top * (len(_BLOCKS) - 1))))] for v in cols)
 
 
-def render(snap: Snapshot, values: int = 3) -> Group:
-    """The frame of one snapshot."""
+def reports_per_second(snap: Snapshot, previous: Snapshot | None) -> float | None:
+    """Reports counted per second between two polls (``ldp_reports_total``; none without a previous poll, or
+    after the worker restarted)."""
+    if previous is None or previous.status is None or snap.taken <= previous.taken:
+        return None
+    grown = snap.total("ldp_reports_total") - previous.total("ldp_reports_total")
+    return grown / (snap.taken - previous.taken) if grown >= 0 else None
+
+
+def render(snap: Snapshot, values: int = 3, previous: Snapshot | None = None) -> Group:
+    """The frame of one snapshot (``previous``: the poll before, for reports/s)."""
     st = snap.status
     if st is None:
         return Group(Panel(f"[red]no answer from {snap.url}[/red] (is the worker running? its web port?)"))
@@ -99,7 +110,8 @@ def render(snap: Snapshot, values: int = 3) -> Group:
     rejected = {lab.get("reason", ""): v for lab, v in snap.samples.get("ldp_rejected_batches_total", []) if v > 0}
     latency_n = snap.total("ldp_estimate_latency_seconds_count")
     latency = snap.total("ldp_estimate_latency_seconds_sum") / latency_n if latency_n else None
-    ops.add_row("reports/s", f"{snap.total('ldp_reports_per_second'):,.0f}",
+    rate = reports_per_second(snap, previous)
+    ops.add_row("reports/s", "-" if rate is None else f"{rate:,.0f}",
                 "reports counted", f"{snap.total('ldp_reports_total'):,.0f}",
                 "consumer lag", f"{snap.total('ldp_consumer_lag_messages'):,.0f} messages",
                 "estimate latency", "-" if latency is None else f"{latency:.3f} s mean of {latency_n:.0f}")
@@ -142,10 +154,12 @@ def run_top(url: str, interval: float, once: bool, values: int, console: Console
         console.print(render(snap, values))
         return 0 if snap.status is not None else 1
     try:
-        with Live(render(fetch_snapshot(url), values), console=console, refresh_per_second=4,
-                  screen=False) as live:
+        previous = fetch_snapshot(url)
+        with Live(render(previous, values), console=console, refresh_per_second=4, screen=False) as live:
             while True:
                 time.sleep(interval)
-                live.update(render(fetch_snapshot(url), values))
+                snap = fetch_snapshot(url)
+                live.update(render(snap, values, previous))
+                previous = snap
     except KeyboardInterrupt:
         return 0

@@ -30,6 +30,7 @@ from stream_app.store import read_step_sync
 from wire.campaign import Campaign
 from wire.transport import kafka_client_options
 
+from .contract import check_answer
 from .processes import log_tail, stop_child, wait_http_ok
 
 __all__ = ["IngestProcess", "WorkerProcess", "read_counts", "unique_campaign_file", "wait_for_counts"]
@@ -216,11 +217,16 @@ class IngestProcess:
 
 
 def _http_ok(info: dict[str, Any]) -> bool:
+    url = f"{info['web_url']}/status"
     try:
-        with urllib.request.urlopen(f"{info['web_url']}/status", timeout=2) as resp:
-            return resp.status == 200
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            if resp.status != 200:
+                return False
+            body = resp.read()
     except OSError:
         return False
+    check_answer(url, 200, json.loads(body))  # against api-status.v1, in a test session
+    return True
 
 
 def unique_campaign_file(path: Path, dest_dir: Path, suffix: str | None = None) -> Path:
@@ -317,9 +323,13 @@ def consume_json(bootstrap: str, topic: str, *, idle_seconds: float = 1.0, timeo
 
 
 def estimate_history(worker: WorkerProcess, campaign: str, attribute: str) -> Any:
-    """The worker's ``GET /estimates/{campaign}/{attribute}/history`` document."""
-    with urllib.request.urlopen(f"{worker.url}/estimates/{campaign}/{attribute}/history", timeout=5) as r:
-        return json.loads(r.read())
+    """The worker's ``GET /estimates/{campaign}/{attribute}/history`` document (checked against its schema in a
+    test session: :func:`ldpstream_dev.contract.check_answer`)."""
+    url = f"{worker.url}/estimates/{campaign}/{attribute}/history"
+    with urllib.request.urlopen(url, timeout=5) as r:
+        doc = json.loads(r.read())
+        check_answer(url, r.status, doc)
+    return doc
 
 
 def final_estimates(history: Any) -> dict[int, dict]:

@@ -15,6 +15,10 @@ Routes (JSON unless said otherwise):
 * ``GET /health`` - ``{"healthy", "problems"}``: 200 while the worker can make progress, 503 while it
   cannot (Redis or the broker unreachable, starting, stopping, ...: :mod:`stream_app.health`).
 
+Every JSON answer carries ``schema_version`` and validates against its JSON Schema in ``wire/schemas``
+(:mod:`wire.estimates`; the answers and their meaning: ``docs/estimates.md``); an error is ``{"schema_version",
+"error"}`` with status 404.
+
 The worker takes no device reports over HTTP: the ingest service (``ldp ingest``, :mod:`stream_app.ingest`)
 is the one door for them; a ``POST /reports`` to a worker gets 404 or 405.
 """
@@ -28,6 +32,7 @@ from typing import Any, Awaitable, Callable, Mapping
 import faust
 
 from wire.campaign import Campaign
+from wire.estimates import SCHEMA_VERSION
 
 from .metrics import CONTENT_TYPE
 
@@ -48,7 +53,7 @@ def campaign_doc(c: Campaign) -> dict[str, Any]:
     return {
         "id": c.id, "description": c.description, "fingerprint": c.fingerprint,
         "time_step_seconds": c.time_step_seconds, "lateness_seconds": c.lateness_seconds,
-        "max_batch_reports": c.max_batch_reports,
+        "max_batch_reports": c.max_batch_reports, "min_n": c.min_n,
         "attributes": [{
             "name": a.name, "k": a.k, "protocol": a.protocol.name, "params": a.protocol.params(),
             "fingerprint": a.protocol.fingerprint, "eps_1": num(a.protocol.eps_first),
@@ -96,17 +101,18 @@ def register(app: faust.App, web: WebContext) -> None:
 
     @app.page("/campaigns")
     async def campaigns(self: faust.web.View, request: faust.web.Request) -> faust.web.Response:
-        return self.json({"campaigns": [campaign_doc(c) for c in web.campaigns.values()]})
+        return self.json({"schema_version": SCHEMA_VERSION,
+                          "campaigns": [campaign_doc(c) for c in web.campaigns.values()]})
 
     @app.page("/status")
     async def status(self: faust.web.View, request: faust.web.Request) -> faust.web.Response:
-        return self.json(web.status())
+        return self.json({"schema_version": SCHEMA_VERSION, **web.status()})
 
     @app.page("/health")
     async def health(self: faust.web.View, request: faust.web.Request) -> faust.web.Response:
         doc = web.status()
         healthy = bool(doc.get("healthy", True))
-        return self.json({"healthy": healthy, "problems": doc.get("problems", []),
+        return self.json({"schema_version": SCHEMA_VERSION, "healthy": healthy, "problems": doc.get("problems", []),
                           "worker_id": doc.get("worker_id")}, status=200 if healthy else 503)
 
     @app.page("/metrics")
@@ -118,10 +124,10 @@ def register(app: faust.App, web: WebContext) -> None:
                      attribute: str) -> faust.web.Response:
         err = lookup(campaign, attribute)
         if err:
-            return self.json({"error": err}, status=404)
+            return self.json({"schema_version": SCHEMA_VERSION, "error": err}, status=404)
         raw = await web.latest_estimate(campaign, attribute)
         if raw is None:
-            return self.json({"error": "no estimate yet"}, status=404)
+            return self.json({"schema_version": SCHEMA_VERSION, "error": "no estimate yet"}, status=404)
         return self.bytes(raw, content_type="application/json")
 
     @app.page("/estimates/{campaign}/{attribute}/history")
@@ -129,7 +135,7 @@ def register(app: faust.App, web: WebContext) -> None:
                       attribute: str) -> faust.web.Response:
         err = lookup(campaign, attribute)
         if err:
-            return self.json({"error": err}, status=404)
+            return self.json({"schema_version": SCHEMA_VERSION, "error": err}, status=404)
         docs = await web.estimate_history(campaign, attribute)
-        return self.json({"campaign": campaign, "attribute": attribute,
+        return self.json({"schema_version": SCHEMA_VERSION, "campaign": campaign, "attribute": attribute,
                           "estimates": [docs[t] for t in sorted(docs)]})

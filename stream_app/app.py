@@ -67,12 +67,13 @@ class Worker:
                  consumer: "FaustConsumer | ConsumerControl | None" = None,
                  broker: "TopicReader | BrokerView | None" = None,
                  send_rejected: SendJson | None = None, send_estimate: SendJson | None = None,
-                 web_host: str = "127.0.0.1", web_port: int | None = None, ready_file: Path | None = None) -> None:
+                 web_host: str = "127.0.0.1", web_port: int | None = None, ready_file: Path | None = None,
+                 per_value_metrics: bool = False, per_value_metrics_max_k: int = 1000) -> None:
         self.campaigns, self.app_id, self.topics = campaigns, app_id, topics
         self.worker_id = worker_id or f"{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.web_host, self.web_port, self.ready_file = web_host, web_port, ready_file
         self.serving = False  # the web server and the services are up (set by the LdpService)
-        self.metrics = Metrics()
+        self.metrics = Metrics(per_value_metrics=per_value_metrics, per_value_metrics_max_k=per_value_metrics_max_k)
         self.alarms: dict[str, dict[str, Any]] = {}  # name -> {component, since, error}: shown by /status
         # what keeps this worker from progressing (GET /health, ldp_worker_healthy); an alarm with
         # "blocking": True counts too (stream_app/health.py)
@@ -197,16 +198,17 @@ def create_app(settings: WorkerSettings, *, campaigns: dict[str, Campaign] | Non
                               value_serializer="raw", partitions=s.partitions, internal=True)
     rejected_topic = app.topic(topics.rejected, key_type=bytes, key_serializer="raw", value_serializer="json",
                                partitions=s.partitions)
-    # declared here (created with `partitions` at start); written by the EstimatePublisher below
+    # declared here (created with `estimates_partitions` at start, as compose's kafka-init creates it); written by
+    # the EstimatePublisher below
     estimates_topic = app.topic(topics.estimates, key_type=bytes, key_serializer="raw", value_serializer="json",
-                                partitions=s.partitions)
+                                partitions=s.estimates_partitions)
 
     async def send_rejected(key: bytes | None, doc: dict[str, Any]) -> None:
         await rejected_topic.send(key=key, value=doc)
 
     # estimates go out one produce request each, never resent behind the estimator's back (stream_app.publisher);
     # an estimate counts as published once the broker acknowledged it
-    publisher = EstimatePublisher(s.kafka_bootstrap, topics.estimates)
+    publisher = EstimatePublisher(s.kafka_bootstrap, topics.estimates, partitions=s.estimates_partitions)
 
     async def send_estimate(key: bytes | None, doc: dict[str, Any]) -> None:
         await publisher.send(key, doc)
@@ -215,7 +217,8 @@ def create_app(settings: WorkerSettings, *, campaigns: dict[str, Campaign] | Non
     reader = TopicReader(s.kafka_bootstrap, topics)
     worker = Worker(campaigns, s.redis_url, app_id=s.app_id, topics=topics, refresh_seconds=s.refresh_seconds,
                     consumer=consumer, broker=reader, send_rejected=send_rejected, send_estimate=send_estimate,
-                    web_host=s.web_host, web_port=port, ready_file=s.ready_file)
+                    web_host=s.web_host, web_port=port, ready_file=s.ready_file,
+                    per_value_metrics=s.per_value_metrics, per_value_metrics_max_k=s.per_value_metrics_max_k)
     app.ldp = worker  # type: ignore[attr-defined]
     pipeline = worker.pipeline
 

@@ -2,19 +2,28 @@
 in one process, e.g. in tests).
 
 Counters (``ldp_reports_total``, ``ldp_rejected_batches_total``) are per worker: Prometheus sums
-them over the instances of a consumer group. Their series of every known label value (the rejection reasons,
-the campaigns' attributes) exist at 0 from the start, so ``rate``/``increase`` see their first increment. The estimate gauges (frequencies, step ``n``,
-privacy figures, estimate latency) are written only by the worker that holds the estimator lease
-(see :mod:`stream_app.windows`), so exactly one instance exports them at a time.
+them over the instances of a consumer group, and reports/s is their ``rate`` (no gauge repeats it). Their series
+of every known label value (the rejection reasons, the campaigns' attributes) exist at 0 from the start, so
+``rate``/``increase`` see their first increment. The estimate gauges (step ``n``, privacy figures, estimate
+latency) are written only by the worker that holds the estimator lease (see :mod:`stream_app.windows`), so exactly
+one instance exports them at a time.
+
+Bounded by default: no label grows with a domain size k. The estimated frequency of each value
+(``ldp_estimated_frequency_ratio{value}``, k series per attribute) is exported only with the worker option
+``per_value_metrics`` (``LDP_PER_VALUE_METRICS``), and then only for attributes with k at most
+``per_value_metrics_max_k``; the HTTP API (``GET /estimates/...``) always has every value. The registry also
+carries ``ldp_build_info``, the process metrics and no ``_created`` series (:mod:`stream_app.exposition`).
 """
 from __future__ import annotations
 
-import time
-from collections import deque
-
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, GCCollector, Histogram,
+                               PlatformCollector, ProcessCollector, generate_latest)
 
 from wire.errors import REASONS
+
+from .exposition import BuildInfoCollector, disable_created_series
+
+disable_created_series()  # before the first counter: no <name>_created series beside them
 
 __all__ = ["CONTENT_TYPE", "Metrics"]
 
@@ -25,8 +34,14 @@ _LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 3
 class Metrics:
     """All metrics of the pipeline, registered in a private :class:`CollectorRegistry`."""
 
-    def __init__(self, rate_window: float = 5.0) -> None:
+    def __init__(self, *, per_value_metrics: bool = False, per_value_metrics_max_k: int = 1000) -> None:
         self.registry = r = CollectorRegistry()
+        r.register(BuildInfoCollector())
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
+        GCCollector(registry=r)
+        self.per_value_metrics = per_value_metrics
+        self.per_value_metrics_max_k = per_value_metrics_max_k
         ca = ["campaign", "attribute"]
         self.reports_total = Counter("ldp_reports_total", "Reports counted into Redis (first application only).",
                                      ca, registry=r)
@@ -51,17 +66,17 @@ class Metrics:
                                       ["reason"], registry=r)
         for reason in REASONS:  # every reason's series exists from the start: increase() sees the first rejection
             self.rejected_total.labels(reason)
-        self.reports_per_second = Gauge("ldp_reports_per_second",
-                                        f"Reports counted per second by this worker ({rate_window:g} s window).",
-                                        registry=r)
         self.consumer_lag = Gauge("ldp_consumer_lag_messages", "Messages behind the partition high-water mark.",
                                   ["partition"], registry=r)
         self.consumer_lag_seconds = Gauge("ldp_consumer_lag_seconds",
                                           "Processing time minus produce timestamp of the last batch.",
                                           ["partition"], registry=r)
-        self.estimated_frequency = Gauge("ldp_estimated_frequency",
-                                         "Estimated frequency (unbiased, raw) of each value at the latest step.",
-                                         ["campaign", "attribute", "value"], registry=r)
+        # registered always (its HELP says how to enable it); samples only with the option (per_value)
+        self.estimated_frequency = Gauge(
+            "ldp_estimated_frequency_ratio", "Estimated frequency (unbiased, raw) of each value at the latest step: "
+            "exported only with the worker option per_value_metrics (LDP_PER_VALUE_METRICS), for attributes with k "
+            "<= per_value_metrics_max_k; GET /estimates/{campaign}/{attribute} has every value.",
+            ["campaign", "attribute", "value"], registry=r)
         self.step_reports = Gauge("ldp_step_reports", "Reports n of the latest step.", ca, registry=r)
         self.latest_step = Gauge("ldp_latest_step", "Latest time step t with an estimate.", ca, registry=r)
         self.eps_first = Gauge("ldp_eps_first", "epsilon of a single report (eps_1).", ca, registry=r)
@@ -87,8 +102,8 @@ class Metrics:
             ca, registry=r)
         self.steps_pruned = Counter("ldp_steps_pruned_total", "Steps deleted from Redis beyond the campaign's "
                                     "retention (retention_steps).", ca, registry=r)
-        self.retention_floor = Gauge("ldp_retention_floor", "The attribute's retention floor: batches for lower "
-                                     "steps are expired, their data deleted.", ca, registry=r)
+        self.retention_floor = Gauge("ldp_retention_floor_step", "The attribute's retention floor (a step): "
+                                     "batches for lower steps are expired, their data deleted.", ca, registry=r)
         # health (stream_app/health.py): GET /health answers 503 while ldp_worker_healthy is 0
         self.worker_healthy = Gauge("ldp_worker_healthy", "1 while this worker can make progress, 0 while a "
                                     "problem stops it (GET /status lists the problems).", registry=r)
@@ -109,29 +124,12 @@ class Metrics:
         self.poisoning_score = Gauge(
             "ldp_poisoning_score", "z-score of the latest step's total support against its honest law (unary "
             "protocols; |z| > 4.89 is a false alarm once in 10^6 honest steps).", ca, registry=r)
-        self._rate_window = rate_window
-        self._rate_events: deque[tuple[float, int]] = deque()
-        self._rate_sum = 0
 
     # ------------------------------------------------------------------ helpers
-    def count_reports(self, n: int, now: float | None = None) -> None:
-        """Feed the sliding-window reports/s gauge."""
-        now = time.monotonic() if now is None else now
-        self._rate_events.append((now, n))
-        self._rate_sum += n
-        self.update_rate(now)
-
-    def update_rate(self, now: float | None = None) -> float:
-        now = time.monotonic() if now is None else now
-        lo = now - self._rate_window
-        ev = self._rate_events
-        while ev and ev[0][0] < lo:
-            self._rate_sum -= ev.popleft()[1]
-        rate = self._rate_sum / self._rate_window
-        self.reports_per_second.set(rate)
-        return rate
+    def per_value(self, k: int) -> bool:
+        """Whether the frequencies of an attribute of domain size ``k`` are exported value by value."""
+        return self.per_value_metrics and k <= self.per_value_metrics_max_k
 
     def render(self) -> bytes:
         """The Prometheus text exposition of this registry."""
-        self.update_rate()
         return generate_latest(self.registry)

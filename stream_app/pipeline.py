@@ -278,7 +278,6 @@ class Pipeline:
         if status == APPLIED:
             c_reports.inc(len(reports))
             c_batches.inc()
-            self.metrics.count_reports(len(reports))
             if screened is not None:
                 if screened.rejected:
                     self.metrics.rejected_reports_total.labels(env.campaign, env.attribute, "implausible").inc(

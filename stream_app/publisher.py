@@ -11,12 +11,14 @@ Why not the app's Faust/aiokafka producer
     and protocol classes, and reports any failure to the caller.
 
 The partition of a key is the Kafka default partitioner's (murmur2, as every Kafka client), so all revisions
-of a step share one partition and stay in order.
+of a step share one partition and stay in order. Every message carries the headers of the estimates contract
+(:func:`wire.estimates.estimate_headers`: content type, schema version, campaign, attribute; ``docs/estimates.md``).
 """
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from typing import Any
 
@@ -27,9 +29,12 @@ from aiokafka.protocol.produce import ProduceRequest
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from aiokafka.structs import TopicPartition
 
+from wire.estimates import estimate_headers
 from wire.transport import kafka_client_options
 
 __all__ = ["EstimatePublisher", "PublishError"]
+
+log = logging.getLogger(__name__)
 
 #: magic byte of Kafka record batches since 0.11
 _RECORD_BATCH_MAGIC = 2
@@ -40,11 +45,16 @@ class PublishError(Exception):
 
 
 class EstimatePublisher:
-    """Sends JSON documents to one topic, one acknowledged (``acks=all``) produce request each, no resend."""
+    """Sends estimate documents (JSON, with their headers) to one topic, one acknowledged (``acks=all``) produce
+    request each, no resend. ``partitions``: the partition count the topic should have (a warning when the broker's
+    differs: ``estimates_partitions`` of the worker settings)."""
 
-    def __init__(self, bootstrap: str, topic: str, *, request_timeout: float = 10.0) -> None:
+    def __init__(self, bootstrap: str, topic: str, *, request_timeout: float = 10.0,
+                 partitions: int | None = None) -> None:
         self.bootstrap, self.topic = bootstrap, topic
         self.request_timeout = request_timeout
+        self.expected_partitions = partitions
+        self._warned = False
         self._client: AIOKafkaClient | None = None
         self._partitions: list[int] = []
         self._partitioner = DefaultPartitioner()
@@ -54,9 +64,10 @@ class EstimatePublisher:
         """Publish ``doc`` (JSON) under ``key``; returns its offset. Raises :class:`PublishError` (or a Kafka
         error) when the broker did not acknowledge it: the caller decides whether and how to publish again."""
         value = json.dumps(doc, separators=(",", ":")).encode()
+        headers = estimate_headers(doc)
         async with self._lock:  # one request at a time: messages of a key stay in order
             try:
-                return await self._send(key, value)
+                return await self._send(key, value, headers)
             except Exception:
                 await self.close()  # a fresh connection and fresh metadata next time
                 raise
@@ -67,7 +78,7 @@ class EstimatePublisher:
         async with self._lock:
             await self._connect()
 
-    async def _send(self, key: bytes | None, value: bytes) -> int:
+    async def _send(self, key: bytes | None, value: bytes, headers: list[tuple[str, bytes]]) -> int:
         client = await self._connect()
         partition = self._partitioner(key, self._partitions, self._partitions)
         leader = client.cluster.leader_for_partition(TopicPartition(self.topic, partition))
@@ -76,7 +87,7 @@ class EstimatePublisher:
         builder = DefaultRecordBatchBuilder(_RECORD_BATCH_MAGIC, 0, is_transactional=0, producer_id=-1,
                                             producer_epoch=-1, base_sequence=-1,
                                             batch_size=len(value) + len(key or b"") + 1024)
-        if builder.append(0, timestamp=int(time.time() * 1000), key=key, value=value, headers=[]) is None:
+        if builder.append(0, timestamp=int(time.time() * 1000), key=key, value=value, headers=headers) is None:
             raise PublishError(f"a message of {len(value)} bytes does not fit a record batch")
         request = ProduceRequest(transactional_id=None, required_acks=-1,
                                  timeout=int(self.request_timeout * 1000),
@@ -107,6 +118,11 @@ class EstimatePublisher:
             except Exception:
                 await client.close()
                 raise
+            if self.expected_partitions not in (None, len(partitions)) and not self._warned:
+                self._warned = True
+                log.warning("%s has %d partitions, the settings say %d (estimates_partitions): every deployment "
+                            "should create it alike (docs/estimates.md)", self.topic, len(partitions),
+                            self.expected_partitions)
             self._client, self._partitions = client, partitions
         return self._client
 

@@ -9,6 +9,7 @@ docker-compose all go through it. Precedence: command-line option > environment 
 - ``redis_url`` (required): ``LDP_REDIS_URL``, ``--redis`` (one node, or ``redis+cluster://host:port,...``)
 - ``app_id``: ``LDP_APP_ID``, ``--app-id``
 - ``partitions``: ``LDP_PARTITIONS``, ``--partitions``
+- ``estimates_partitions``: ``LDP_ESTIMATES_PARTITIONS``, ``--estimates-partitions``
 - ``topic_prefix``: ``LDP_TOPIC_PREFIX``, ``--topic-prefix``
 - ``refresh_seconds``: ``LDP_REFRESH_SECONDS``, ``--refresh``
 - ``session_timeout``: ``LDP_SESSION_TIMEOUT``, ``--session-timeout``
@@ -23,6 +24,10 @@ docker-compose all go through it. Precedence: command-line option > environment 
 - ``consumer_max_fetch_size``: ``LDP_CONSUMER_MAX_FETCH_SIZE``, ``--consumer-max-fetch-size``
 - ``consumer_fetch_max_wait``: ``LDP_CONSUMER_FETCH_MAX_WAIT``, ``--consumer-fetch-max-wait``
 - ``shutdown_timeout``: ``LDP_SHUTDOWN_TIMEOUT``, ``--shutdown-timeout``
+- ``per_value_metrics``: ``LDP_PER_VALUE_METRICS``, ``--per-value-metrics``
+- ``per_value_metrics_max_k``: ``LDP_PER_VALUE_METRICS_MAX_K``, ``--per-value-metrics-max-k``
+- ``redis_memory_bytes``: ``LDP_REDIS_MEMORY_BYTES``, ``--redis-memory``
+- ``retention_batches_per_step``: ``LDP_RETENTION_BATCHES_PER_STEP``, ``--retention-batches-per-step``
 
 Kafka and Redis security is not a worker option but environment variables read by every client of the project
 (:mod:`wire.transport`), so that no secret is ever on a command line: ``LDP_KAFKA_SECURITY_PROTOCOL``,
@@ -38,13 +43,14 @@ read; ``tests/test_settings.py`` checks that this list agrees with it.
 from __future__ import annotations
 
 import os
+import re
 import socket
 import threading
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-__all__ = ["SettingsError", "WorkerSettings", "free_port", "setting_specs"]
+__all__ = ["SettingsError", "WorkerSettings", "free_port", "parse_memory", "setting_specs"]
 
 LOCALHOST = "127.0.0.1"
 
@@ -55,6 +61,29 @@ class SettingsError(ValueError):
 
 def _paths(text: str) -> tuple[Path, ...]:
     return tuple(Path(p) for p in text.split(os.pathsep) if p)
+
+
+_TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
+
+
+def _flag(text: str) -> bool:
+    low = text.strip().lower()
+    if low not in _TRUE | _FALSE:
+        raise ValueError(f"expected true/false (1/0, yes/no, on/off), got {text!r}")
+    return low in _TRUE
+
+
+#: Redis's memory units (``maxmemory 512mb``): k/m/g are powers of 1000, kb/mb/gb of 1024.
+_MEMORY_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1024, "m": 1000 ** 2, "mb": 1024 ** 2, "g": 1000 ** 3, "gb": 1024 ** 3}
+
+
+def parse_memory(text: str) -> int:
+    """Bytes of a memory size written as Redis writes ``maxmemory``: ``268435456``, ``256mb``, ``1gb``, ``2g``."""
+    m = re.fullmatch(r"\s*(\d+)\s*([a-zA-Z]*)\s*", text)
+    unit = m.group(2).lower() if m else None
+    if m is None or unit not in _MEMORY_UNITS:
+        raise ValueError(f"expected bytes, or a number with a unit of Redis (kb, mb, gb, k, m, g), got {text!r}")
+    return int(m.group(1)) * _MEMORY_UNITS[unit]
 
 
 def _setting(env: str, option: tuple[str, ...], help: str, parse: Callable[[str], Any] = str,
@@ -76,6 +105,10 @@ class WorkerSettings:
     app_id: str = _setting("LDP_APP_ID", ("--app-id",), "Faust app id (= consumer group).", default="ldp-stream")
     partitions: int = _setting("LDP_PARTITIONS", ("--partitions",), "Partitions of the reports topic.", int,
                                default=4)
+    estimates_partitions: int = _setting(
+        "LDP_ESTIMATES_PARTITIONS", ("--estimates-partitions",),
+        "Partitions of the estimates topic when the worker creates it (every deployment creates it alike: "
+        "docs/estimates.md).", int, default=1)
     topic_prefix: str = _setting("LDP_TOPIC_PREFIX", ("--topic-prefix",),
                                  "Prefix of the three topic names ({prefix}ldp.reports ...).", default="")
     refresh_seconds: float = _setting("LDP_REFRESH_SECONDS", ("--refresh",), "Estimator refresh period (s).", float,
@@ -112,6 +145,25 @@ class WorkerSettings:
         "LDP_SHUTDOWN_TIMEOUT", ("--shutdown-timeout",),
         "After SIGTERM/SIGINT, exit by force (status 1, logging where it hung) if the clean stop has not finished "
         "within this many seconds (Redis or the broker unreachable).", float, default=10.0)
+    per_value_metrics: bool = _setting(
+        "LDP_PER_VALUE_METRICS", ("--per-value-metrics",),
+        "Export the estimated frequency of every value to Prometheus (ldp_estimated_frequency_ratio{value}: k series "
+        "per attribute, for attributes with k <= per_value_metrics_max_k). Off: the HTTP API has them.", _flag,
+        default=False)
+    per_value_metrics_max_k: int = _setting(
+        "LDP_PER_VALUE_METRICS_MAX_K", ("--per-value-metrics-max-k",),
+        "With per_value_metrics: only attributes whose domain size k is at most this export their values.", int,
+        default=1000)
+    redis_memory_bytes: int | None = _setting(
+        "LDP_REDIS_MEMORY_BYTES", ("--redis-memory",),
+        "Redis memory the campaigns' retention must fit (bytes, or 512mb, 2gb ...; per master of a Redis Cluster); "
+        "default: Redis's maxmemory (CONFIG GET; no check when it is 0). For a Redis whose CONFIG is disabled.",
+        parse_memory, default=None)
+    retention_batches_per_step: int = _setting(
+        "LDP_RETENTION_BATCHES_PER_STEP", ("--retention-batches-per-step",),
+        "Batches per attribute and step that the retention check assumes (each leaves its batch id in Redis for "
+        "the step's retention).", int, default=100)
+
     def __post_init__(self) -> None:
         paths = self.campaign_paths
         paths = (paths,) if isinstance(paths, (str, Path)) else paths
@@ -127,11 +179,17 @@ class WorkerSettings:
                 raise SettingsError(f"{name} is empty: {_describe(name)}")
         if self.partitions < 1:
             raise SettingsError(f"partitions must be >= 1, got {self.partitions}")
+        if self.estimates_partitions < 1:
+            raise SettingsError(f"estimates_partitions must be >= 1, got {self.estimates_partitions}")
         for name in ("refresh_seconds", "session_timeout", "shutdown_timeout",
                      "consumer_fetch_max_wait"):
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise SettingsError(f"{name} must be > 0, got {value}")
+        for name in ("per_value_metrics_max_k", "retention_batches_per_step", "redis_memory_bytes"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise SettingsError(f"{name} must be >= 1, got {value}")
         if self.web_port is not None and not 0 < self.web_port < 65536:
             raise SettingsError(f"web_port must be in 1..65535, got {self.web_port}")
 

@@ -103,6 +103,7 @@ from typing import Any, Awaitable, Callable, Protocol
 
 from estimators.poisoning import detection_score, detection_threshold
 from wire.campaign import Attribute, Campaign
+from wire.estimates import SCHEMA_VERSION, STATUS_INSUFFICIENT, STATUS_OK
 from wire.topics import REPORTS_TOPIC
 
 from .defense import StepEstimate, defenses_of
@@ -164,7 +165,12 @@ def build_estimate(campaign: Campaign, attr: Attribute, t: int, state: StepState
                    final: bool, trigger: str | None, now: float, closed_ts: float | None = None,
                    revision: int = 0, worker: str = "", fence: int = 0,
                    defended: StepEstimate | None = None) -> dict[str, Any]:
-    """The JSON document of one estimate (published on ``ldp.estimates``).
+    """The JSON document of one estimate (published on ``ldp.estimates``; schema ``wire/schemas/estimate.v1``,
+    fields in ``docs/estimates.md``).
+
+    A step of fewer than the campaign's ``min_n`` reports gets ``status = "insufficient"`` and no frequencies,
+    variance or confidence interval (final or not): its counts are still kept, and late data that bring ``n`` to
+    ``min_n`` publish a revision with them.
 
     ``defended``: the step's estimate under the attribute's poisoning defense (:mod:`stream_app.defense`), whose
     ``n`` and ``n_rejected`` it publishes; without it, the protocol's estimate over every counted report.
@@ -175,14 +181,15 @@ def build_estimate(campaign: Campaign, attr: Attribute, t: int, state: StepState
     proto = attr.protocol
     counted = int(state["n"])
     n, rejected = counted, int(state.get("rejected") or 0)
-    freq = freq_ns = var = half = None
     if defended is not None:
         n, rejected = defended.n, defended.rejected
-        if n > 0:
-            freq, freq_ns = defended.frequencies.tolist(), defended.frequencies_norm_sub.tolist()
-            var = _finite(defended.variance)
-            half = 1.96 * math.sqrt(var) if var is not None else None
-    elif n > 0:
+    enough = n >= campaign.min_n  # min_n >= 1: never an estimate over no report
+    freq = freq_ns = var = half = None
+    if enough and defended is not None:
+        freq, freq_ns = defended.frequencies.tolist(), defended.frequencies_norm_sub.tolist()
+        var = _finite(defended.variance)
+        half = 1.96 * math.sqrt(var) if var is not None else None
+    elif enough:
         counts = state["counts"]
         freq = proto.estimate(counts, n).tolist()
         freq_ns = proto.estimate(counts, n, postprocess="norm-sub").tolist()
@@ -195,9 +202,11 @@ def build_estimate(campaign: Campaign, attr: Attribute, t: int, state: StepState
         f"{received} of the {expected} reports its producer sent were received: the broker lost the others before "
         f"they were counted" if expected > received else None)
     return {
+        "schema_version": SCHEMA_VERSION,
         "campaign": campaign.id, "attribute": attr.name, "protocol": proto.name,
         "fingerprint": proto.fingerprint, "t": int(t), "final": bool(final), "trigger": trigger,
-        "revision": int(revision), "n": n, "n_counted": counted,
+        "revision": int(revision), "status": STATUS_OK if enough else STATUS_INSUFFICIENT, "min_n": campaign.min_n,
+        "n": n, "n_counted": counted,
         # reports of the step its poisoning defense left out (n + n_rejected = the valid reports received)
         "n_rejected": rejected, "defense": attr.defense,
         "frequencies": freq, "frequencies_norm_sub": freq_ns,
@@ -441,7 +450,6 @@ class Estimator:
     async def tick(self, now: float | None = None) -> list[dict[str, Any]]:
         """One pass over all attributes; returns the documents published."""
         self.ticks += 1
-        self.metrics.update_rate()
         if not await self._hold_lease():
             return []
         server = await self.store.server_id()
@@ -738,7 +746,7 @@ class Estimator:
         if doc.get("poisoning_score") is not None:
             m.poisoning_score.labels(*lab).set(doc["poisoning_score"])
         freq = doc["frequencies"]
-        if freq is not None:
+        if freq is not None and m.per_value(a.k):  # off by default: k series (stream_app.metrics)
             for j, f in enumerate(freq):
                 m.estimated_frequency.labels(c.id, a.name, a.label(j) if a.labels else str(j)).set(f)
 

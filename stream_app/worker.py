@@ -11,6 +11,10 @@ serves HTTP, and rewrites it after every rebalance; it also logs
 default log level). ``ldpstream_dev.workers.WorkerProcess`` runs it in a child process for tests,
 benchmarks and the demo.
 
+At start, before it joins the group, the worker refuses campaigns whose retention cannot fit the Redis memory
+(:func:`check_retention_memory`, the model of :mod:`stream_app.store.memory`): ``ldp worker`` exits with status 2
+and ``error:`` the formula, its figures and what to change.
+
 Outages (see also :mod:`stream_app.health`):
 
 * a broker that does not answer at start is waited for: one metadata request per attempt, with
@@ -38,7 +42,7 @@ from typing import Any, Callable
 
 from .settings import WorkerSettings
 
-__all__ = ["FORCED_EXIT_STATUS", "run_worker"]
+__all__ = ["FORCED_EXIT_STATUS", "check_retention_memory", "run_worker"]
 
 log = logging.getLogger(__name__)
 
@@ -63,10 +67,14 @@ def run_worker(settings: WorkerSettings) -> None:
     from .app import create_app, get_worker
     from .health import kafka_reachable, limit_repeated_logs
 
+    from wire.campaign import load_campaigns
+
+    campaigns = load_campaigns(list(settings.campaign_paths))
+    notes = check_retention_memory(settings, campaigns)  # raises RetentionTooLarge: refused before anything starts
     numba.set_num_threads(1)
     _bound_shutdown_waits()
 
-    app = create_app(settings)
+    app = create_app(settings, campaigns=campaigns)
     worker_state = get_worker(app)
     limit_repeated_logs()
 
@@ -75,6 +83,8 @@ def run_worker(settings: WorkerSettings) -> None:
 
         async def on_first_start(self) -> None:
             await super().on_first_start()  # logging set up, signal handlers installed
+            for note in notes:
+                log.warning("%s", note)
             _arm_shutdown_watchdog(self.loop, worker_state.begin_stop, settings.shutdown_timeout)
             await _wait_for_broker(settings.kafka_bootstrap, kafka_reachable)
 
@@ -83,6 +93,27 @@ def run_worker(settings: WorkerSettings) -> None:
                        quiet=True, redirect_stdouts=False)
     worker.spinner = None  # no terminal spinner escape codes in log files
     worker.execute_from_commandline()
+
+
+def check_retention_memory(settings: WorkerSettings, campaigns: dict[str, Any],
+                           redis_timeout: float = 5.0) -> list[str]:
+    """Refuse (:class:`stream_app.store.memory.RetentionTooLarge`) campaigns whose retention cannot fit the Redis
+    memory: ``redis_memory_bytes`` if set, else Redis's ``maxmemory`` (:mod:`stream_app.store.memory`); returns
+    the warnings to log (an unbounded Redis, a Redis that did not answer within ``redis_timeout`` seconds: then
+    nothing is checked)."""
+    from wire.transport import redact_url
+
+    from .store.memory import MemoryLimit, check_retention, read_max_memory
+
+    if settings.redis_memory_bytes is not None:
+        limits = {cid: MemoryLimit(settings.redis_memory_bytes, "LDP_REDIS_MEMORY_BYTES") for cid in campaigns}
+    else:
+        try:
+            limits = read_max_memory(settings.redis_url, campaigns, redis_timeout)
+        except Exception as exc:  # noqa: BLE001 - Redis away at start: the worker waits for it, unchecked
+            return [f"cannot read the maxmemory of Redis at {redact_url(settings.redis_url)} ({exc}): the campaigns' "
+                    f"retention is not checked against it (LDP_REDIS_MEMORY_BYTES checks it without asking Redis)"]
+    return check_retention(campaigns, limits, settings.retention_batches_per_step)
 
 
 async def _wait_for_broker(bootstrap: str, probe: Callable[[str, float], Any], *, first_delay: float = 0.5,

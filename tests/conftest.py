@@ -41,6 +41,13 @@ def pytest_sessionstart(session):
           f"({parts} processes)", file=sys.stderr)
 
 
+def pytest_configure(config):
+    """API answers read through the harness are checked against their schemas (``ldpstream_dev.contract``)."""
+    from ldpstream_dev import contract
+
+    contract.enable()
+
+
 @pytest.fixture
 def rng() -> np.random.Generator:
     return np.random.default_rng(20261122)
@@ -54,15 +61,26 @@ def local_stack(tmp_path_factory):
     ``kafka_bootstrap`` ("127.0.0.1:PORT") and ``redis_url`` ("redis://127.0.0.1:PORT/0").
     The broker keeps its topics in the stack's run dir (durable storage, the default), which lives only
     as long as the session: tests should use their own topic and group names.
+
+    At the end, every message of every ``*estimates`` topic the session's tests published on it is checked
+    against the estimates contract (``ldpstream_dev.contract.check_topics``: schema, key, headers); a message that
+    breaks it fails the session's last test using the stack (an error at teardown) and names the message.
     """
+    from ldpstream_dev.contract import check_topics
     from ldpstream_dev.stack import LocalStack
 
     stack = LocalStack(run_dir=tmp_path_factory.mktemp("local-stack"))
     stack.up(timeout=60.0, stop_on_exit=True)
     try:
         yield stack
+        start = time.monotonic()
+        checked, problems = check_topics(stack.info.kafka_bootstrap)
+        print(f"estimates contract: {checked} messages checked in {time.monotonic() - start:.1f} s", file=sys.stderr)
     finally:
         stack.down()
+    if problems:
+        pytest.fail(f"{len(problems)} problem(s) in the {checked} messages of the estimates topics "
+                    f"(docs/estimates.md):\n" + "\n".join(problems[:20]), pytrace=False)
 
 
 #: Modules whose tests time the pipeline with several workers each (finals within 2 s of a lease holder's

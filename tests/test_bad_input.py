@@ -116,7 +116,7 @@ def test_bad_input_is_rejected_and_never_counted(local_stack, tmp_path) -> None:
                     if reason:
                         assert doc["error"] == reason
             with urllib.request.urlopen(f"{ingest.url}/metrics", timeout=10) as r:
-                assert _metric(r.read().decode(), "bad_json", "ldp_ingest_refused_total") == 1
+                assert _metric(r.read().decode(), "bad_json", "ldp_ingest_refused_requests_total") == 1
 
         got = asyncio.run(_rejections(boot, topics.rejected, want=len(bad)))
         reasons = [r["reason"] for r in got]

@@ -13,7 +13,8 @@ from wire.campaign import Campaign
 
 
 def _campaign(cid: str) -> Campaign:
-    return Campaign.from_dict({"campaign": {"id": cid, "time_step_seconds": 3600.0, "lateness_seconds": 3600.0},
+    return Campaign.from_dict({"campaign": {"id": cid, "time_step_seconds": 3600.0, "lateness_seconds": 3600.0,
+                                            "min_n": 1},  # its steps have 8 reports: estimates with frequencies
                                "attributes": [{"name": "a", "k": 4, "protocol": "GRR", "eps": 1.0}]})
 
 

@@ -28,6 +28,7 @@ from ldpstream_dev.workers import produce_messages
 from stream_app.app import Worker
 from stream_app.broker import TopicReader
 from stream_app.metrics import Metrics
+from stream_app.publisher import EstimatePublisher
 from stream_app.store import (CLAIM_EXISTS, CLAIM_STALE, CLAIMED, FUTURE_STEP, CountStore, Position, StepBound,
                               count_key, estimates_key, finals_key, pending_key, steps_key)
 from stream_app.windows import Estimator
@@ -178,11 +179,11 @@ def test_a_new_holder_rebuilds_the_finals_the_store_lost_from_the_estimates_topi
         first = _Holder(url, c, app, "first", lease_ttl=0.3, stream=reader, reports_topic=topics.reports)
         second = _Holder(url, c, app, "second", stream=reader, reports_topic=topics.reports)
 
+        publisher = EstimatePublisher(boot, topics.estimates)
+
         async def to_topic(doc: dict) -> None:
             first.published.append(doc)
-            await asyncio.to_thread(produce_messages, boot, topics.estimates,
-                                    [(estimate_key(doc["campaign"], doc["attribute"], doc["t"]),
-                                      json.dumps(doc).encode())])
+            await publisher.send(estimate_key(doc["campaign"], doc["attribute"], doc["t"]), doc)
         first.est.publish = to_topic
         try:
             for t in (0, 1):
@@ -196,6 +197,7 @@ def test_a_new_holder_rebuilds_the_finals_the_store_lost_from_the_estimates_topi
             assert await second.store.final_index(c.id, "a") == {0: (N, 0), 1: (N, 0)}
             assert await second.store.estimates_read(app)  # where the next holder starts reading
         finally:
+            await publisher.close()
             await reader.close()
             await first.close()
             await second.close()

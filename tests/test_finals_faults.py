@@ -47,6 +47,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import pytest
 
+from ldpstream_dev.contract import check_topics
 from ldpstream_dev.stack import LocalStack
 from ldpstream_dev.workers import WorkerProcess, consume_json, read_counts, wait_for_counts, wait_until
 from ldpstream_cli.soak import OfflineTruth, ProducerProcess, SoakConfig, compare, soak_campaign
@@ -470,6 +471,9 @@ class Run:
         out["message"] = ("\n".join(out["problems"]) + "\n" + self.explain(published)
                           + "\nfaults:\n  " + "\n  ".join(self.fault_log))
         assert not (fail and out["problems"]), out["message"]
+        checked, broken = check_topics(self.bootstrap)  # schema, key and headers of every message (docs/estimates.md)
+        assert not broken, (f"{len(broken)} of {checked} messages break the estimates contract:\n"
+                            + "\n".join(broken[:10]))
         return out
 
     def explain(self, published: list[dict[str, Any]]) -> str:

@@ -95,8 +95,8 @@ def refusals(ing) -> str:
 
 
 def refused_delta(before: str, after: str, reason: str) -> float:
-    return metric(after, "ldp_ingest_refused_total", reason=reason) - \
-        metric(before, "ldp_ingest_refused_total", reason=reason)
+    return metric(after, "ldp_ingest_refused_requests_total", reason=reason) - \
+        metric(before, "ldp_ingest_refused_requests_total", reason=reason)
 
 
 # ---------------------------------------------------------------------------- defaults

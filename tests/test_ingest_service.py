@@ -241,8 +241,8 @@ def test_unauthenticated_forged_expired_and_oversized_requests_are_refused_and_n
     for reason, want in {"missing_token": 1, "malformed_token": 1, "forged_token": 2, "expired_token": 1,
                          "body_too_large": 2, "too_many_reports": 1, "step_out_of_window": 1,
                          "unsupported_media_type": 1, "bad_request": 1}.items():
-        got = metric(after, "ldp_ingest_refused_total", reason=reason) - \
-            metric(before, "ldp_ingest_refused_total", reason=reason)
+        got = metric(after, "ldp_ingest_refused_requests_total", reason=reason) - \
+            metric(before, "ldp_ingest_refused_requests_total", reason=reason)
         assert got == want, (reason, got)
     # the same token then sends its one valid report of the step: that report, and only it, is counted
     obj2, rep2 = report(c, "opt_in", t, 1, seed=2)
@@ -270,8 +270,8 @@ def test_one_report_per_device_attribute_and_step(env):
     # a device sends one report per (campaign, attribute, t), even in one request
     assert post(f"{env.url}/reports", [a2, a2], token=env.authority.issue(3600))[0] == 429
     after = refused(env)
-    assert metric(after, "ldp_ingest_refused_total", reason="rate_limited") - \
-        metric(before, "ldp_ingest_refused_total", reason="rate_limited") == 3
+    assert metric(after, "ldp_ingest_refused_requests_total", reason="rate_limited") - \
+        metric(before, "ldp_ingest_refused_requests_total", reason="rate_limited") == 3
     expect(env, before_counts, {("app_version", t): np.concatenate([r1, r2]), ("crash_minute", t): rm1})
 
 
@@ -291,7 +291,8 @@ def test_a_retry_with_the_same_idempotency_key_is_counted_once(env):
     other, _ = report(c, "crash_minute", t, 1, seed=22)
     assert post(f"{env.url}/reports", other, token=dev, headers=key)[1]["error"] == "idempotency_key_reused"
     after = refused(env)
-    assert metric(after, "ldp_ingest_replayed_total") - metric(before, "ldp_ingest_replayed_total") == 3
+    replayed = "ldp_ingest_replayed_requests_total"
+    assert metric(after, replayed) - metric(before, replayed) == 3
     assert metric(after, "ldp_ingest_publish_seconds_count") > 0
     expect(env, before_counts, {("opt_in", t): rep})  # counted once
 

@@ -59,7 +59,8 @@ RATE_INTERVAL = "4s"  # Grafana's $__rate_interval: 4 scrape intervals
 WORKER_JOB, INGEST_JOB = "ldp-workers", "ldp-ingest"
 # label names a series of this project may carry (all bounded: no device, token or free text)
 BOUNDED_LABELS = {"campaign", "attribute", "value", "reason", "partition", "trigger", "final", "problem",
-                  "component", "status", "le"}
+                  "component", "status", "le",
+                  "version", "python_version", "numpy_version", "numba_version"}  # ldp_build_info: one per build
 
 
 def _installed_or_skip(find: Callable[[], str]) -> str:
@@ -103,8 +104,10 @@ def pipeline(local_stack, tmp_path_factory, prometheus_bin) -> Iterator[SimpleNa
     campaign = Campaign.load(path)
     app_id = f"obs-{uuid.uuid4().hex[:6]}"
     topics = Topics.with_prefix(f"{app_id}.")
+    # per_value_metrics: the dashboard's histogram panels read ldp_estimated_frequency_ratio (off by default)
     worker = WorkerProcess([path], info.kafka_bootstrap, info.redis_url, app_id=app_id, topic_prefix=f"{app_id}.",
-                           partitions=2, refresh_seconds=0.5, run_dir=run, name="worker").start()
+                           partitions=2, refresh_seconds=0.5, run_dir=run, name="worker",
+                           per_value_metrics=True).start()
     # The ingest publishes to a topic of its own (no worker here consumes it): this module checks that
     # Prometheus scrapes it; tests/test_ingest_service.py checks the pipeline behind it.
     ingest_port = free_port()
@@ -180,17 +183,18 @@ def test_prometheus_reads_back_the_pipeline_figures(pipeline) -> None:
     total = DEVICES * STEPS * len(c.attributes)
     # every report counted, seen through Prometheus
     _eventually(prom, f"sum(ldp_reports_total{{{sel}}})", lambda r: _values(r) == [total], f"{total} reports")
-    # reports/s: the rate of the counter during the stream, and the worker's own sliding-window gauge
-    span = time.time() - pipeline.started + 1
+    # reports/s: the rate of the counter during the stream, in all and per worker (no gauge repeats it)
     rates = _values(prom.query_range(f"sum(rate(ldp_reports_total{{{sel}}}[{RATE_INTERVAL}]))",
                                      pipeline.started, time.time(), SCRAPE))
     assert max(rates) > 0.2 * RATE, f"peak reports/s {max(rates):.0f} (the fleet sent {RATE:.0f}/s)"
-    assert max(_values(prom.query(f"max_over_time(ldp_reports_per_second[{span:.0f}s])"))) > 0
+    per_worker = prom.query_range(f"sum by (instance) (rate(ldp_reports_total{{{sel}}}[{RATE_INTERVAL}]))",
+                                  pipeline.started, time.time(), SCRAPE)
+    assert len(per_worker) == 1 and max(_values(per_worker)) > 0.2 * RATE, per_worker
     # estimated frequencies: k values per attribute, summing to ~1 (unbiased, raw)
     for attr, a in c.attributes.items():
         latest = json.loads(_get(f"{pipeline.worker.url}/estimates/{c.id}/{attr}"))
         assert latest["t"] == STEPS - 1 and latest["final"], latest["t"]
-        freq = _eventually(prom, f'ldp_estimated_frequency{{{sel}, attribute="{attr}"}}',
+        freq = _eventually(prom, f'ldp_estimated_frequency_ratio{{{sel}, attribute="{attr}"}}',
                            lambda r, k=a.k: len(r) == k, f"{a.k} frequencies of {attr}")
         by_value = {s["metric"]["value"]: float(s["value"][1]) for s in freq}
         assert by_value == pytest.approx({str(j): f for j, f in enumerate(latest["frequencies"])}, rel=1e-12)
@@ -220,7 +224,7 @@ def test_prometheus_reads_back_the_pipeline_figures(pipeline) -> None:
     # the ingest service is scraped too: its accepted reports and its refusal, by reason
     _eventually(prom, f'sum(ldp_ingest_reports_total{{{sel}, job="{INGEST_JOB}"}})', lambda r: _values(r) == [2.0],
                 "2 reports through the ingest")
-    _eventually(prom, f'sum(ldp_ingest_refused_total{{job="{INGEST_JOB}"}})', lambda r: _values(r) == [1.0],
+    _eventually(prom, f'sum(ldp_ingest_refused_requests_total{{job="{INGEST_JOB}"}})', lambda r: _values(r) == [1.0],
                 "1 refused ingest request")
 
 
@@ -284,8 +288,15 @@ def test_metric_names_follow_prometheus_conventions(pipeline, service: str) -> N
                           timeout=30)
     assert lint.returncode == 0 and not lint.stdout.strip() and not lint.stderr.strip(), lint.stdout + lint.stderr
     families = _families(text)
-    # (prometheus_client adds a "<name>_created" gauge of timestamps beside each counter and histogram)
-    ours = {f: v for f, v in families.items() if f.startswith("ldp_") and not f.endswith("_created")}
+    # issue 22: the build, the process metrics, and no "<name>_created" series beside counters and histograms
+    assert not [ln for ln in text.splitlines() if "_created" in ln], "a _created series"
+    (build,) = families["ldp_build_info"][1]
+    assert build[1]["version"] and build[1]["python_version"], build
+    for name in ("process_cpu_seconds_total", "process_resident_memory_bytes", "process_start_time_seconds"):
+        samples = families[name][1]
+        # the ingest: one series per process (pid); its test runs one process
+        assert len(samples) == 1 and (service == "worker") != ("pid" in samples[0][1]), (name, samples)
+    ours = {f: v for f, v in families.items() if f.startswith("ldp_")}
     assert len(ours) >= (20 if service == "worker" else 5), sorted(ours)
     k_max = max(a.k for a in pipeline.campaign.attributes.values())
     for family, (kind, samples) in ours.items():

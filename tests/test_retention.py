@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 import uuid
 from pathlib import Path
@@ -20,6 +21,8 @@ import pytest
 from stream_app.metrics import Metrics
 from stream_app.store import (APPLIED, DUPLICATE_BATCH_ID, EXPIRED, CountStore, closed_ts_key, count_key, estimates_key,
                               finals_key, floor_key, steps_key, touched_key)
+from stream_app.store.memory import (INDEX_ENTRIES_BYTES, MEMORY_FRACTION, MemoryLimit, RetentionTooLarge,
+                                     campaign_need, check_retention, history_entry_bytes, step_bytes, step_hash_bytes)
 from stream_app.windows import Estimator, build_estimate
 from wire.campaign import Campaign, CampaignError, default_retention_steps
 
@@ -294,7 +297,7 @@ def test_steps_beyond_retention_are_pruned_in_bounded_batches_and_never_publishe
         assert sorted(await h.store.final_index(cid, "a")) == expected
         assert sorted(int(t) for t in await r.hkeys(closed_ts_key(cid, "a"))) == expected
         assert h.metric("ldp_steps_pruned_total") == 16.0
-        assert h.metric("ldp_retention_floor") == 16.0
+        assert h.metric("ldp_retention_floor_step") == 16.0
         assert await h.store.expired(cid, "a", 15) and not await h.store.expired(cid, "a", 16)
         # a batch for expired step 3 is refused by the apply script (the agent rejects it as "expired")
         assert await h.store.apply_batch(cid, "a", 3, COUNTS, N, "p:3:a:late") == EXPIRED
@@ -443,3 +446,141 @@ def test_memory_per_attribute_per_step_matches_the_docs(local_stack) -> None:
         documented = [int(x.strip().rstrip(" B").replace(",", "")) for x in row.split("|")[2:4]]
         for doc_value, (proto, got) in zip(documented, ((p, measured[p][name]) for p in ("GRR", "L-OSUE"))):
             assert abs(doc_value - got) <= 0.2 * got, f"docs/operations.md {name!r} {proto}: {doc_value} B, measured {got} B"
+    # the byte model of the retention check (stream_app/store/memory.py) against the same measurements: at most
+    # 20% under, at most 35% over (it rounds up: the counts of every value set, the longest floats)
+    model = {**{f"step hash, {b} batch{'es' if b > 1 else ''}": step_hash_bytes(100, b) for b in MEMORY_BATCHES},
+             "history entry (final JSON)": history_entry_bytes(100)}
+    for name, predicted in model.items():
+        for proto in ("GRR", "L-OSUE"):
+            got = measured[proto][name]
+            assert 0.8 * got <= predicted <= 1.35 * got, f"model {name!r}: {predicted} B, {proto} measured {got} B"
+    indexes = sum(measured["L-OSUE"][n] for n in ("finals index entry", "step index entry", "watermark time entry"))
+    assert 0.8 * indexes <= INDEX_ENTRIES_BYTES <= 1.2 * indexes, (INDEX_ENTRIES_BYTES, indexes)
+
+
+# ---------------------------------------------------------------- the retention check at a worker's start (issue 22)
+DEMO_CAMPAIGNS = sorted((Path(__file__).resolve().parents[1] / "deploy" / "campaigns").glob("*.toml"))
+
+
+def test_retention_check_formula_message_and_what_fits() -> None:
+    """The check's arithmetic: retention_steps × Σ attributes' bytes per step against 80% of the memory; the
+    refusal names the campaign, the formula with its numbers, the memory and what to change, and the figures it
+    suggests are right (the suggested retention fits, one more step does not; the suggested maxmemory fits)."""
+    demo = Campaign.load(DEMO_CAMPAIGNS[0])
+    need = campaign_need(demo, 100)
+    assert need.step_bytes == sum(step_bytes(a, 100) for a in demo.attributes.values())
+    assert need.total == demo.retention_steps * need.step_bytes
+    # a step hash past 512 fields is a hash table: dearer per batch id
+    assert step_hash_bytes(100, 1000) - step_hash_bytes(100, 999) > step_hash_bytes(100, 100) - step_hash_bytes(100, 99)
+    limit = MemoryLimit(64 << 20, "maxmemory of redis://h:6379/0 (CONFIG GET maxmemory)", "h")
+    with pytest.raises(RetentionTooLarge) as refused:
+        check_retention({demo.id: demo}, {demo.id: limit}, 100)
+    msg = str(refused.value)
+    print(msg)
+    fits = int(re.search(r"Lower retention_steps .* to ([\d,]+) or less", msg).group(1).replace(",", ""))
+    raise_to = int(re.search(r"raise Redis maxmemory to ([\d,]+) B", msg).group(1).replace(",", ""))
+    for text in (f"campaign {demo.id}", f"retention_steps {demo.retention_steps:,} × 6 attributes × "
+                 f"{need.step_bytes / 6:,.0f} B per attribute and step", f"= {need.total:,} B",
+                 f"{64 << 20:,} B (64.0 MiB, maxmemory of redis://h:6379/0 (CONFIG GET maxmemory))", "80%",
+                 f"device_model {step_bytes(demo.attributes['device_model'], 100):,}", "100 batches per step",
+                 "LDP_RETENTION_BATCHES_PER_STEP"):
+        assert text in msg, text
+    usable = int((64 << 20) * MEMORY_FRACTION)
+    assert fits * need.step_bytes <= usable < (fits + 1) * need.step_bytes
+    assert raise_to * MEMORY_FRACTION >= need.total and (raise_to - 2) * MEMORY_FRACTION < need.total
+    shorter = Campaign.from_dict({"campaign": {"id": demo.id, "retention_steps": fits}, "attributes": [
+        {"name": "a", "k": 2, "protocol": "GRR", "eps": 1.0}]})
+    assert campaign_need(shorter).total < need.total
+    assert check_retention({demo.id: demo}, {demo.id: MemoryLimit(raise_to, "x", "h")}, 100) == []
+    # fewer batches per step fit more steps; two campaigns on one Redis share it, on two masters they do not
+    other = Campaign.from_dict({"campaign": {"id": "other", "retention_steps": demo.retention_steps},
+                                "attributes": [{"name": "a", "k": 100, "protocol": "GRR", "eps": 1.0}]})
+    both = {demo.id: demo, other.id: other}
+    roomy = MemoryLimit(raise_to, "x", "h")
+    with pytest.raises(RetentionTooLarge, match=r"next to other \(") as shared:
+        check_retention(both, {demo.id: roomy, other.id: roomy}, 100)
+    assert f"campaign {other.id}:" in str(shared.value)
+    assert check_retention(both, {demo.id: roomy, other.id: MemoryLimit(raise_to, "x", "h2")}, 100) == []
+    # maxmemory 0 bounds nothing: a warning with the figures, no refusal
+    (warning,) = check_retention({demo.id: demo}, {demo.id: MemoryLimit(0, "maxmemory of r", "h")}, 100)
+    assert "unbounded" in warning and f"{need.total:,} B" in warning
+    # the itemset defense's report log is outside the model: said
+    itemset = Campaign.from_dict({"campaign": {"id": "it", "retention_steps": 10}, "attributes": [
+        {"name": "a", "k": 8, "protocol": "OUE", "eps": 1.0, "defense": "itemset"}]})
+    assert any("itemset" in w for w in check_retention({"it": itemset}, {"it": roomy}))
+
+
+def test_deployed_campaigns_set_a_retention_that_fits_512_mib() -> None:
+    """deploy/campaigns/*.toml set retention_steps themselves (the default, 7 days of steps, needs gigabytes), and
+    it fits `maxmemory 512mb` under the default batches per step."""
+    import tomllib
+
+    assert DEMO_CAMPAIGNS
+    for path in DEMO_CAMPAIGNS:
+        assert "retention_steps" in tomllib.loads(path.read_text())["campaign"], path
+        c = Campaign.load(path)
+        assert check_retention({c.id: c}, {c.id: MemoryLimit(512 << 20, "maxmemory", "h")}) == [], path
+        need = campaign_need(c)
+        print(f"{path.name}: {need.formula()}: maxmemory >= {need.total / MEMORY_FRACTION:,.0f} B")
+
+
+def test_the_check_reads_maxmemory_from_redis(local_stack) -> None:
+    """Without LDP_REDIS_MEMORY_BYTES the check reads CONFIG GET maxmemory (0 on the test Redis: a warning). The
+    shared test Redis gets a huge maxmemory for a moment (no other test comes near it), then 0 again."""
+    from stream_app.settings import WorkerSettings
+    from stream_app.store import connect_sync
+    from stream_app.worker import check_retention_memory
+
+    url = local_stack.info.redis_url
+    huge = Campaign.from_dict({"campaign": {"id": _cid(), "retention_steps": 10 ** 9}, "attributes": [
+        {"name": "a", "k": 100, "protocol": "GRR", "eps": 1.0}]})
+    settings = WorkerSettings(campaign_paths=(Path("x.toml"),), kafka_bootstrap="127.0.0.1:9", redis_url=url)
+    (unbounded,) = check_retention_memory(settings, {huge.id: huge})
+    assert "unbounded" in unbounded and "CONFIG GET maxmemory" in unbounded, unbounded
+    r = connect_sync(url)
+    before = r.config_get("maxmemory")["maxmemory"]
+    assert before == "0"
+    try:
+        r.config_set("maxmemory", str(1 << 40))
+        with pytest.raises(RetentionTooLarge, match=r"1,099,511,627,776 B \(1,024\.0 GiB, maxmemory of redis://"):
+            check_retention_memory(settings, {huge.id: huge})
+    finally:
+        r.config_set("maxmemory", before)
+        r.close()
+    # the setting wins, and asks nothing of Redis
+    far = WorkerSettings(campaign_paths=(Path("x.toml"),), kafka_bootstrap="127.0.0.1:9",
+                         redis_url="redis://127.0.0.1:9/0", redis_memory_bytes=1 << 30)
+    with pytest.raises(RetentionTooLarge, match=r"1,073,741,824 B \(1\.0 GiB, LDP_REDIS_MEMORY_BYTES\)"):
+        check_retention_memory(far, {huge.id: huge})
+    # a Redis that does not answer: nothing checked, said
+    (unchecked,) = check_retention_memory(WorkerSettings(campaign_paths=(Path("x.toml"),),
+                                                         kafka_bootstrap="127.0.0.1:9",
+                                                         redis_url="redis://127.0.0.1:9/0"), {huge.id: huge},
+                                     redis_timeout=0.5)
+    assert "cannot read the maxmemory" in unchecked
+
+
+def test_a_worker_refuses_a_retention_that_does_not_fit(local_stack, tmp_path) -> None:
+    """A real worker with the demo campaign and LDP_REDIS_MEMORY_BYTES=64mb exits at start (status 2) with the
+    formula, its numbers and what to change; nothing of it joined the group."""
+    from ldpstream_dev.workers import WorkerProcess, unique_campaign_file
+
+    info = local_stack.info
+    path = unique_campaign_file(DEMO_CAMPAIGNS[0], tmp_path)
+    demo = Campaign.load(path)
+    worker = WorkerProcess([path], info.kafka_bootstrap, info.redis_url, run_dir=tmp_path, app_id=_cid(),
+                           redis_memory_bytes=64 << 20).start()
+    try:
+        assert worker.proc is not None
+        code = worker.proc.wait(60)
+    finally:
+        worker.stop()
+    log = " ".join(worker.log_path.read_text(errors="replace").split())  # rich wraps the line
+    print(log)
+    need = campaign_need(demo)
+    assert code == 2, log
+    for text in ("error:", f"campaign {demo.id}", f"retention_steps {demo.retention_steps:,} × 6 attributes",
+                 f"= {need.total:,} B", "67,108,864 B (64.0 MiB, LDP_REDIS_MEMORY_BYTES)", "Lower retention_steps",
+                 "raise Redis maxmemory to"):
+        assert text in log, text
+    assert "Traceback" not in log and not worker.ready_file.exists()

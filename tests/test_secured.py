@@ -402,9 +402,10 @@ def test_secured_stack_state_reattaches(sasl_stack) -> None:
 
 # --------------------------------------------------------------------------- docker-compose uses them
 def test_compose_secures_kafka_and_redis_with_docker_secrets(tmp_path) -> None:
-    """docker-compose.yml (a documentation artifact, checked like tests/test_deploy.py): Kafka's listeners require
-    the SASL mechanism the ldp services are configured with, Redis a password, both from Docker secrets that the
-    services read through LDP_*_PASSWORD_FILE; no password is written in the file."""
+    """docker-compose.yml (a documentation artifact, checked like tests/test_deploy.py, which also checks the roles,
+    their ACLs and which service mounts which secret): every Kafka listener requires TLS and the SASL mechanism the
+    ldp services are configured with, Redis a password, both from Docker secrets that the services read through
+    LDP_*_PASSWORD_FILE; no password is written in the file."""
     import yaml
 
     root = Path(__file__).resolve().parents[1]
@@ -413,40 +414,61 @@ def test_compose_secures_kafka_and_redis_with_docker_secrets(tmp_path) -> None:
     services, declared = compose["services"], compose["secrets"]
     for name, spec in declared.items():
         path = root / spec["file"]
-        assert path.parent == root / "deploy" / "secrets", spec
+        assert path.is_relative_to(root / "deploy" / "secrets"), spec
     ignore = (root / "deploy" / "secrets" / ".gitignore").read_text().split()
     assert "*" in ignore, "the secret files must never be committed"
+
+    def mounted(svc: dict) -> dict[str, str]:  # secret -> its file in the container
+        return {(s if isinstance(s, str) else s["source"]): "/run/secrets/" + (s if isinstance(s, str) else
+                                                                               s.get("target", s["source"]))
+                for s in svc.get("secrets", [])}
+
     for name, svc in services.items():
-        for secret in svc.get("secrets", []):
+        for secret in mounted(svc):
             assert secret in declared, f"{name} uses the undeclared secret {secret}"
-    kafka_env = services["kafka"]["environment"]
-    protocols = dict(item.split(":") for item in kafka_env["KAFKA_LISTENER_SECURITY_PROTOCOL_MAP"].split(","))
-    advertised = dict(u.split("://") for u in kafka_env["KAFKA_ADVERTISED_LISTENERS"].split(","))
-    mechanisms = kafka_env["KAFKA_SASL_ENABLED_MECHANISMS"].split(",")
-    kafka_script = services["kafka"]["command"][0]
-    secret_file = tmp_path / "secret"
+    brokers = [n for n in services if n.startswith("kafka-") and n[-1].isdigit()]
+    assert len(brokers) == 3
+    advertised, protocols_of = {}, {}
+    for b in brokers:
+        env = services[b]["environment"]
+        protocols = dict(item.split(":") for item in env["KAFKA_LISTENER_SECURITY_PROTOCOL_MAP"].split(","))
+        assert all(p == "SASL_SSL" for p in protocols.values()), f"{b}: a listener without TLS and SASL"
+        assert not services[b].get("ports"), f"{b}: no listener is published"
+        protocols_of[b] = protocols
+        advertised.update({hostport: (b, n) for n, hostport in (u.split("://") for u in
+                                                                env["KAFKA_ADVERTISED_LISTENERS"].split(","))})
+        assert "--command-config" in " ".join(services[b]["healthcheck"]["test"])
+    kafka_script = services[brokers[0]]["command"][0]
+    init_script = services["kafka-init"]["command"][0]
+    (roles,) = re.findall(r"for role in ([a-z ]+); do", init_script)
+    secret_file, ca_file = tmp_path / "secret", tmp_path / "ca.pem"
     secret_file.write_text("compose-secret\n")
-    for name in ("worker", "producer"):
+    ca_file.write_text("a CA\n")
+    for name in ("worker", "ingest", "producer"):
         svc = services[name]
         env = dict(svc["environment"])
         assert not any(k.endswith("_PASSWORD") for k in env), f"{name}: a password in the compose file"
-        mounted = {f"/run/secrets/{s}" for s in svc["secrets"]}
-        assert env[KAFKA_ENV["password"] + "_FILE"] in mounted and env[REDIS_ENV["password"] + "_FILE"] in mounted
-        sec = KafkaSecurity.from_env({**env, KAFKA_ENV["password"] + "_FILE": str(secret_file)})
-        assert sec.password == "compose-secret" and sec.sasl
+        files = set(mounted(svc).values())
+        assert env[KAFKA_ENV["password"] + "_FILE"] in files and env[KAFKA_ENV["cafile"]] in files, name
+        if name != "producer":  # the simulated fleet needs no Redis
+            assert env[REDIS_ENV["password"] + "_FILE"] in files, name
+        sec = KafkaSecurity.from_env({**env, KAFKA_ENV["password"] + "_FILE": str(secret_file),
+                                      KAFKA_ENV["cafile"]: str(ca_file)})
+        assert sec.password == "compose-secret" and sec.sasl and sec.tls
         bootstrap = svc["command"][svc["command"].index("--kafka") + 1]
-        listener = next(n for n, hostport in advertised.items() if hostport == bootstrap)
-        assert protocols[listener] == sec.security_protocol and sec.sasl_mechanism in mechanisms
-        assert f"KAFKA_LISTENER_NAME_{listener}_{sec.sasl_mechanism}_SASL_JAAS_CONFIG" in kafka_script
-        assert f"user_{sec.username}=" in kafka_script and f'username=\\"{sec.username}\\"' in kafka_script
-    assert all(p != "PLAINTEXT" for n, p in protocols.items() if n != "CONTROLLER"), "a client listener without SASL"
-    assert "9093" not in str(services["kafka"].get("ports", [])), "the controller listener must stay unpublished"
+        for hostport in bootstrap.split(","):
+            broker, listener = advertised[hostport]
+            env_b = services[broker]["environment"]
+            mechanisms = env_b[f"KAFKA_LISTENER_NAME_{listener}_SASL_ENABLED_MECHANISMS"].split(",")
+            assert protocols_of[broker][listener] == sec.security_protocol and sec.sasl_mechanism in mechanisms
+        jaas = sec.sasl_mechanism.replace("-", "___")
+        assert f"KAFKA_LISTENER_NAME_{listener}_{jaas}_SASL_JAAS_CONFIG" in kafka_script
+        assert sec.username in roles.split(), f"kafka-init registers no login for {sec.username}"
     redis_script = services["redis"]["command"][0]
     assert "requirepass" in redis_script and "/run/secrets/redis_password" in redis_script
     assert "--requirepass" not in redis_script, "the password must not be on redis-server's command line"
     assert "REDISCLI_AUTH" in " ".join(services["redis"]["healthcheck"]["test"])
-    assert "--command-config" in " ".join(services["kafka"]["healthcheck"]["test"])
-    assert "--command-config" in services["kafka-init"]["command"][0]
+    assert "--command-config" in init_script and "--add-config-file" in init_script
     assert "compose-secret" not in text and not re.search(r"password=\"?[A-Za-z0-9]", text.replace('password="%s"', ""))
 
 

@@ -28,7 +28,8 @@ def test_environment_round_trip_and_precedence():
                           session_timeout=3.0, web_port=6066, web_host="h", web_bind="0.0.0.0", data_dir=Path("d"),
                           ready_file=Path("r.json"), loglevel="info", logfile=Path("w.log"),
                           stream_buffer_maxsize=32, consumer_max_fetch_size=1 << 20, consumer_fetch_max_wait=0.5,
-                          shutdown_timeout=7.0)
+                          shutdown_timeout=7.0, per_value_metrics=True, per_value_metrics_max_k=50,
+                          redis_memory_bytes=1 << 30, retention_batches_per_step=7)
     env = full.to_env()
     assert set(env) == {spec["env"] for spec in setting_specs().values()}
     assert WorkerSettings.from_env(env) == full
@@ -55,3 +56,22 @@ def test_every_setting_is_documented_and_is_an_ldp_worker_option():
     for name, spec in specs.items():
         assert f"``{name}``" in doc and f"``{spec['env']}``" in doc, name
         assert options[name] == spec["option"], name
+
+
+def test_flags_and_memory_sizes():
+    """``LDP_PER_VALUE_METRICS`` takes true/false words; ``LDP_REDIS_MEMORY_BYTES`` bytes or Redis's units."""
+    env = {"LDP_CAMPAIGNS": "a.toml", "LDP_KAFKA_BOOTSTRAP": "k:9092", "LDP_REDIS_URL": "redis://r"}
+    s = WorkerSettings.from_env(env)
+    assert (s.per_value_metrics, s.redis_memory_bytes, s.retention_batches_per_step) == (False, None, 100)
+    for word, value in (("yes", True), ("ON", True), ("1", True), ("false", False), ("0", False)):
+        assert WorkerSettings.from_env({**env, "LDP_PER_VALUE_METRICS": word}).per_value_metrics is value
+    with pytest.raises(SettingsError, match="LDP_PER_VALUE_METRICS"):
+        WorkerSettings.from_env({**env, "LDP_PER_VALUE_METRICS": "maybe"})
+    for text, size in (("268435456", 268435456), ("512mb", 512 << 20), ("2gb", 2 << 30), ("1g", 10 ** 9),
+                       ("64kb", 65536)):
+        assert settings_mod.parse_memory(text) == size
+        assert WorkerSettings.from_env({**env, "LDP_REDIS_MEMORY_BYTES": text}).redis_memory_bytes == size
+    with pytest.raises(SettingsError, match="LDP_REDIS_MEMORY_BYTES"):
+        WorkerSettings.from_env({**env, "LDP_REDIS_MEMORY_BYTES": "lots"})
+    with pytest.raises(SettingsError, match="retention_batches_per_step"):
+        WorkerSettings(**REQUIRED, retention_batches_per_step=0)

@@ -21,6 +21,7 @@ from typing import Any, Callable
 import numpy as np
 import pytest
 
+from ldpstream_dev.contract import check_answer
 from ldpstream_dev.workers import (IngestProcess, WorkerProcess, produce_messages, read_counts, unique_campaign_file,
                                    wait_for_counts)
 from wire import envelope
@@ -30,6 +31,7 @@ from wire.topics import Topics, message_key
 pytestmark = pytest.mark.timeout(240)
 
 DEMO = Path(__file__).resolve().parent / "data" / "fleet-health.toml"
+DEMO_CAMPAIGN = Path(__file__).resolve().parents[1] / "deploy" / "campaigns" / "demo.toml"  # all six attributes
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -70,7 +72,22 @@ def consume(bootstrap: str, topic: str, done: Callable[[list[dict]], bool], time
     return asyncio.run(_consume(bootstrap, topic, done, timeout))
 
 
+def partition_count(bootstrap: str, topic: str) -> int:
+    async def read() -> int:
+        from aiokafka import AIOKafkaConsumer
+
+        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap)
+        await consumer.start()
+        try:
+            await consumer.topics()
+            return len(consumer.partitions_for_topic(topic) or ())
+        finally:
+            await consumer.stop()
+    return asyncio.run(read())
+
+
 def http(method: str, url: str, body: Any = None, raw: bytes | None = None) -> tuple[int, Any]:
+    """One request; a JSON answer to a GET is checked against its route's schema (``ldpstream_dev.contract``)."""
     data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
     req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
     try:
@@ -78,7 +95,12 @@ def http(method: str, url: str, body: Any = None, raw: bytes | None = None) -> t
             status, payload, ctype = resp.status, resp.read(), resp.headers.get("Content-Type", "")
     except urllib.error.HTTPError as exc:
         status, payload, ctype = exc.code, exc.read(), exc.headers.get("Content-Type", "")
-    return status, (json.loads(payload) if "json" in ctype else payload.decode())
+    if "json" not in ctype:
+        return status, payload.decode()
+    doc = json.loads(payload)
+    if method == "GET":
+        check_answer(url, status, doc)
+    return status, doc
 
 
 def metric(text: str, name: str, **labels: str) -> float:
@@ -104,14 +126,15 @@ def env(local_stack, tmp_path_factory):
     tag = uuid.uuid4().hex[:8]
     run_dir = tmp_path_factory.mktemp("worker")
     cfile = unique_campaign_file(DEMO, run_dir, tag)
-    worker = WorkerProcess([cfile], info.kafka_bootstrap, info.redis_url, app_id=f"ldp-test-{tag}",
+    demo = unique_campaign_file(DEMO_CAMPAIGN, run_dir, f"demo-{tag}")  # the deployed campaign: its /metrics
+    worker = WorkerProcess([cfile, demo], info.kafka_bootstrap, info.redis_url, app_id=f"ldp-test-{tag}",
                            topic_prefix=f"{tag}.", session_timeout=6.0, refresh_seconds=0.5, run_dir=run_dir)
     worker.start()
     t0 = time.monotonic()
     worker.wait_ready(timeout=90, partitions=4)
     print(f"worker ready in {time.monotonic() - t0:.1f} s at {worker.url}")
     topics = Topics.with_prefix(f"{tag}.")
-    yield SimpleNamespace(worker=worker, campaign=Campaign.load(cfile), cfile=cfile, tag=tag,
+    yield SimpleNamespace(worker=worker, campaign=Campaign.load(cfile), cfile=cfile, tag=tag, demo=Campaign.load(demo),
                           kafka=info.kafka_bootstrap, redis=info.redis_url, run_dir=run_dir,
                           reports=topics.reports, rejected=topics.rejected, estimates=topics.estimates)
     worker.stop()
@@ -193,11 +216,45 @@ def test_counts_exact_and_final_estimates(env):
         assert metric(text, "ldp_eps_inf", campaign=c.id, attribute=a) == pytest.approx(proto.eps_inf)
         assert metric(text, "ldp_eps_longitudinal_worst", campaign=c.id, attribute=a) == pytest.approx(
             float(proto.longitudinal_bound(steps)))  # the published (seed-aware) figure, as in the documents
-    top = int(np.argmax(finals[("app_version", 1)]["frequencies"]))
-    assert metric(text, "ldp_estimated_frequency", campaign=c.id, attribute="app_version", value=str(top)) == \
-        pytest.approx(finals[("app_version", 1)]["frequencies"][top])
+    # per-value frequencies are off by default (k series per attribute): the HTTP API has them
+    assert "ldp_estimated_frequency_ratio{" not in text
     assert metric(text, "ldp_estimate_latency_seconds_count", trigger="watermark") >= len(fleet)
-    assert "ldp_consumer_lag_messages{" in text and "ldp_reports_per_second" in text
+    assert "ldp_consumer_lag_messages{" in text and "ldp_reports_per_second" not in text  # rate(ldp_reports_total)
+
+
+def test_metrics_of_the_demo_campaign_stay_bounded(env):
+    """Issue 22: a worker's /metrics with the deployed demo campaign (six attributes, 754 domain values) once every
+    attribute has a final: under 300 series by default, ldp_build_info and the process metrics, no _created series
+    (tests/test_observability.py runs promtool on it)."""
+    from producers.fleet import FleetConfig, publish
+
+    demo = env.demo
+    asyncio.run(publish(FleetConfig(demo, 400, 1, dataset="syn", base="zipf", batch_size=200, seed=22), env.kafka,
+                        topic=env.reports))
+    for attr in demo.attributes:
+        deadline = time.monotonic() + 60
+        while True:
+            status, latest = http("GET", f"{env.worker.url}/estimates/{demo.id}/{attr}")
+            if status == 200 and latest.get("final") and latest["n"] > 0:
+                break
+            assert time.monotonic() < deadline, f"no final of {demo.id}/{attr}: {latest}"
+            time.sleep(0.2)
+    time.sleep(0.5)  # the metrics of the last final are exported with its publication
+    status, text = http("GET", f"{env.worker.url}/metrics")
+    assert status == 200
+    series = [ln for ln in text.splitlines() if ln and not ln.startswith("#")]
+    other = [ln for ln in series if f'campaign="{env.campaign.id}"' in ln]  # the other campaign of this worker
+    own = len(series) - len(other)
+    print(f"/metrics of a worker with the demo campaign ({len(demo.attributes)} attributes, "
+          f"k = {sum(a.k for a in demo.attributes.values())} values in all), every attribute final: {own} series "
+          f"({len(series)} with the {len(other)} of this worker's second campaign {env.campaign.id})")
+    assert own < 300, own
+    assert metric(text, "ldp_step_reports", campaign=demo.id, attribute="device_model") > 0  # the estimates are in
+    assert not [ln for ln in text.splitlines() if "_created" in ln]
+    assert "ldp_estimated_frequency_ratio{" not in text
+    assert re.search(r'^ldp_build_info\{.*version="[^"]+".*\} 1\.0$', text, re.M), text[:2000]
+    for name in ("process_cpu_seconds_total", "process_resident_memory_bytes", "process_start_time_seconds"):
+        assert re.search(rf"^{name} \S+$", text, re.M), name
 
 
 def test_rejected_batches_leave_counts_unchanged(env):
@@ -308,8 +365,8 @@ def test_http_reports_through_the_ingest(env):
         _, after = http("GET", f"{ingest.url}/metrics")
         for reason in cases:
             want = 2 if reason == "bad_json" else 1
-            assert metric(after, "ldp_ingest_refused_total", reason=reason) - \
-                metric(before, "ldp_ingest_refused_total", reason=reason) == want, reason
+            assert metric(after, "ldp_ingest_refused_requests_total", reason=reason) - \
+                metric(before, "ldp_ingest_refused_requests_total", reason=reason) == want, reason
         assert metric(after, "ldp_ingest_reports_total", campaign=c.id, attribute="app_version") == 3
     time.sleep(0.5)  # nothing of the refused requests reaches Redis
     counts, n = read_counts(env.redis, c.id, "opt_in", t, 2)
@@ -339,6 +396,10 @@ def test_campaigns_dashboard_and_errors(env):
     assert http("GET", f"{env.worker.url}/estimates/{c.id}/nope/history")[0] == 404
     status, st = http("GET", f"{env.worker.url}/status")
     assert status == 200 and st["assigned"] == [0, 1, 2, 3] and st["estimator_leader"] is True
+    status, health = http("GET", f"{env.worker.url}/health")
+    assert status == 200 and health["healthy"] is True and health["schema_version"] == 1
+    # the worker created its estimates topic with estimates_partitions (default 1), as compose does
+    assert partition_count(env.kafka, env.estimates) == 1
 
 
 def test_lateness_finalization_revisions_and_lease(local_stack, tmp_path):

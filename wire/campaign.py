@@ -8,6 +8,7 @@ lateness_seconds = 2.0       # how long a closed step still accepts reports
 max_batch_reports = 1000000  # a larger batch is rejected ("oversized")
 retention_steps = 60480      # steps kept in Redis (default: 7 days of steps, see below)
 max_steps_ahead = 1000       # how far past the newest final step a batch's step may be (see below)
+min_n = 10                   # fewer reports: a step's estimate is published "insufficient", without frequencies
 
 [[attributes]]
 name = "app_version"         # [A-Za-z0-9_.-]{1,64}
@@ -52,8 +53,8 @@ The campaign fingerprint (a hash of the id, the step length and each attribute's
 parameters) identifies the data contract; each attribute's protocol fingerprint travels in every
 batch envelope and is checked by the stream app, so a producer with other parameters is
 rejected, never counted. Server-side settings (``lateness_seconds``, ``max_batch_reports``,
-``retention_steps``, ``max_steps_ahead``, labels, description) are not part of it: devices and fleets store the
-fingerprint in their state directories, and changing how long the server keeps counts must not
+``retention_steps``, ``max_steps_ahead``, ``min_n``, labels, description) are not part of it: devices and fleets
+store the fingerprint in their state directories, and changing how long the server keeps counts must not
 invalidate them.
 
 Retention (``retention_steps``, R): the stream app keeps the counts, the step index and the
@@ -72,6 +73,11 @@ more than A steps past the current wall-clock step, is rejected as ``future_step
 so it can neither open a step nobody will close nor move the retention floor. Before a campaign's
 first final (and after a store loss, until the worker rebuilt the finals from ``ldp.estimates``)
 logical steps are not bounded: no reference is known yet.
+
+Minimum ``n`` (``min_n``, default :data:`DEFAULT_MIN_N`): an estimate of a step over fewer reports is published
+with ``status = "insufficient"`` and no frequencies, variance or confidence interval (``docs/estimates.md``): a
+final of one report is one device's randomized answer, debiased alone (``[1.58, -0.58]`` for a binary GRR at
+ε = 1). Server-side, like the retention: not part of the fingerprint.
 
 Lateness (``lateness_seconds``) is the *grace* after stream time passes a step: a step without a
 watermark becomes final once a later step's data was counted (a logical step), or its wall-clock
@@ -102,15 +108,17 @@ from estimators.multidim import Solution
 from estimators.registry import make
 from estimators.solution_registry import make_solution
 
-__all__ = ["Attribute", "Campaign", "CampaignError", "DEFENSES", "Group", "DEFAULT_RETENTION_SECONDS", "default_retention_steps",
-           "load_campaigns", "step_at"]
+__all__ = ["Attribute", "Campaign", "CampaignError", "DEFENSES", "Group", "DEFAULT_MIN_N", "DEFAULT_RETENTION_SECONDS",
+           "default_retention_steps", "load_campaigns", "step_at"]
 
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 _CAMPAIGN_KEYS = {"id", "time_step_seconds", "lateness_seconds", "max_batch_reports", "retention_steps",
-                  "max_steps_ahead", "description"}
+                  "max_steps_ahead", "min_n", "description"}
 #: The shortest time step: the wall-clock step ``floor(now / time_step_seconds)`` must fit the envelope's
 #: 32-bit ``t`` (``2**32 - 1`` steps of 1 s reach the year 2106; 0.1 s steps overflowed in 1983).
 MIN_TIME_STEP_SECONDS = 1.0
+#: The default ``min_n``: fewer reports than this and a step's estimate is ``insufficient`` (docs/estimates.md).
+DEFAULT_MIN_N = 10
 #: What the default ``retention_steps`` keeps: 7 days of steps.
 DEFAULT_RETENTION_SECONDS = 7 * 86400
 
@@ -176,7 +184,7 @@ class Group:
 
 @dataclass(frozen=True)
 class Campaign:
-    """A campaign: its id, attributes, time-step length, lateness, batch limit and retention (module doc).
+    """A campaign: its id, attributes, time-step length, lateness, batch limit, retention and minimum n (module doc).
 
     ``retention_steps=None`` means the default, 7 days of steps (:func:`default_retention_steps`)."""
 
@@ -191,6 +199,7 @@ class Campaign:
     # None (the default) is replaced by default_retention_steps(time_step_seconds) in __post_init__
     retention_steps: int = None  # type: ignore[assignment]
     max_steps_ahead: int = 1000
+    min_n: int = DEFAULT_MIN_N
 
     def __post_init__(self) -> None:
         if self.retention_steps is None:
@@ -203,6 +212,9 @@ class Campaign:
                 or self.max_steps_ahead < 1:
             raise CampaignError(f"max_steps_ahead must be an integer >= 1 (how many steps past the newest final step "
                                 f"a batch may be), got {self.max_steps_ahead!r}")
+        if isinstance(self.min_n, bool) or not isinstance(self.min_n, int) or self.min_n < 1:
+            raise CampaignError(f"min_n must be an integer >= 1 (the fewest reports a step's estimate is published "
+                                f"with frequencies), got {self.min_n!r}")
 
     @property
     def fingerprint(self) -> str:
@@ -351,7 +363,7 @@ class Campaign:
         attrs = {(e.get("name")): attrs[e.get("name")] for e in raw}  # the file's order
         return cls(cid, attrs, step, late, max_batch, str(head.get("description", "")), data,
                    retention_steps=head.get("retention_steps"), groups=groups,  # validated by __post_init__
-                   max_steps_ahead=head.get("max_steps_ahead", 1000))
+                   max_steps_ahead=head.get("max_steps_ahead", 1000), min_n=head.get("min_n", DEFAULT_MIN_N))
 
     @classmethod
     def load(cls, path: str | Path) -> "Campaign":

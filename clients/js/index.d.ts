@@ -179,7 +179,7 @@ export declare function amplifiedEps(eps: number, d: number): number;
 /** The campaign TOML as JSON: {campaign: {id, time_step_seconds, ...}, attributes: [...], groups?: [...]}. */
 export interface CampaignJSON {
   campaign: { id: string; time_step_seconds?: number; lateness_seconds?: number; max_batch_reports?: number;
-    retention_steps?: number; max_steps_ahead?: number; description?: string };
+    retention_steps?: number; max_steps_ahead?: number; min_n?: number; description?: string };
   attributes: Array<{ name: string; k: number; protocol?: string; labels?: string[]; defense?: string; [param: string]: unknown }>;
   groups?: Array<{ name: string; attributes: string[]; solution: string; [param: string]: unknown }>;
 }

@@ -36,7 +36,7 @@ In order (the first failure answers):
    atomic write over partitions): their slots stay held, the others are released, and a retry with the same
    key gets this answer again: resend the others in a new request.
 
-Every refusal increments ``ldp_ingest_refused_total{reason}``: nothing of a refused request is counted.
+Every refusal increments ``ldp_ingest_refused_requests_total{reason}``: nothing of a refused request is counted.
 """
 from __future__ import annotations
 
@@ -154,7 +154,7 @@ class ReportHandler:
 
     def refuse(self, status: int, reason: str, detail: str, headers: tuple[tuple[str, str], ...] = (),
                **extra: Any) -> Reply:
-        """A refusal: counted in ``ldp_ingest_refused_total{reason}``."""
+        """A refusal: counted in ``ldp_ingest_refused_requests_total{reason}``."""
         self.metrics.refused_total.labels(reason).inc()
         return _doc(status, {"error": reason, "detail": detail, **extra}, headers)
 

@@ -2,15 +2,23 @@
 
 ``ldp ingest`` runs several processes behind one port: each records into prometheus_client's
 multiprocess files (``PROMETHEUS_MULTIPROC_DIR``, set up by :func:`stream_app.ingest.service.serve`) and
-``GET /metrics`` of any process answers the sum over all of them (:func:`render`).
+``GET /metrics`` of any process answers the sum over all of them (:func:`render`), with ``ldp_build_info`` and the
+process metrics of every live ingest process, one series per process (``pid`` label:
+:class:`stream_app.exposition.SiblingProcessCollector`; prometheus_client's own would report only the process
+that answers, a different one from scrape to scrape), and no ``_created`` series.
 """
 from __future__ import annotations
 
 import os
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import (CollectorRegistry, Counter, Histogram, PlatformCollector, ProcessCollector,
+                               generate_latest)
 
-__all__ = ["IngestMetrics", "MULTIPROC_ENV", "render", "use_multiprocess_values"]
+from ..exposition import BuildInfoCollector, SiblingProcessCollector, disable_created_series
+
+disable_created_series()  # before the first counter: no <name>_created series beside them
+
+__all__ = ["IngestMetrics", "MULTIPROC_ENV", "process_registry", "render", "use_multiprocess_values"]
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5,
@@ -25,7 +33,7 @@ class IngestMetrics:
         self.requests_total = Counter("ldp_ingest_requests_total", "Report requests answered, by HTTP status.",
                                       ["status"], registry=r)
         self.refused_total = Counter(
-            "ldp_ingest_refused_total", "Report requests refused, by reason (missing/forged/expired token, "
+            "ldp_ingest_refused_requests_total", "Report requests refused, by reason (missing/forged/expired token, "
             "rate_limited, body_too_large, a decoding reason ...): nothing of them is counted.", ["reason"],
             registry=r)
         self.reports_total = Counter("ldp_ingest_reports_total", "Reports published to Kafka by the ingest.",
@@ -34,7 +42,7 @@ class IngestMetrics:
             "ldp_rejected_reports_total", "Reports the attribute's poisoning defense refused, by reason (at the "
             "ingest: implausible, the per-report size check of unary reports; the request is refused).",
             ["campaign", "attribute", "reason"], registry=r)
-        self.replayed_total = Counter("ldp_ingest_replayed_total", "Requests answered from their idempotency "
+        self.replayed_total = Counter("ldp_ingest_replayed_requests_total", "Requests answered from their idempotency "
                                       "record (a retry with the same Idempotency-Key): nothing published.", registry=r)
         self.publish_seconds = Histogram("ldp_ingest_publish_seconds", "From a request's validated reports to "
                                          "the broker's acknowledgement of their batch (linger included).",
@@ -43,15 +51,30 @@ class IngestMetrics:
                                          "headers to the answer.", buckets=_LATENCY_BUCKETS, registry=r)
 
 
+def process_registry() -> CollectorRegistry:
+    """A registry of the metrics of no handler: ``ldp_build_info``, ``python_info`` and the process metrics (of this
+    process; in multiprocess mode of every ingest process, module doc)."""
+    registry = CollectorRegistry()
+    registry.register(BuildInfoCollector())
+    PlatformCollector(registry=registry)
+    if os.environ.get(MULTIPROC_ENV):
+        registry.register(SiblingProcessCollector(os.environ[MULTIPROC_ENV]))
+    else:
+        ProcessCollector(registry=registry)
+    return registry
+
+
 def render(registry: CollectorRegistry) -> bytes:
-    """The exposition of ``registry``, or of every process's files in multiprocess mode."""
+    """The exposition of ``registry``, or of every process's files in multiprocess mode, after
+    :func:`process_registry`'s."""
+    head = generate_latest(process_registry())
     if os.environ.get(MULTIPROC_ENV):
         from prometheus_client import multiprocess
 
         merged = CollectorRegistry()
         multiprocess.MultiProcessCollector(merged)
-        return generate_latest(merged)
-    return generate_latest(registry)
+        return head + generate_latest(merged)
+    return head + generate_latest(registry)
 
 
 def use_multiprocess_values() -> None:

@@ -17,7 +17,7 @@ per process:
 - a request not complete ``request_seconds`` after its first byte (slow clients) → 408 ``request_timeout``,
   connection closed.
 
-Each refusal calls ``on_refusal(reason)`` (the ingest counts them in ``ldp_ingest_refused_total{reason}``;
+Each refusal calls ``on_refusal(reason)`` (the ingest counts them in ``ldp_ingest_refused_requests_total{reason}``;
 malformed requests as ``bad_request``). The ASGI application puts its guard in the lifespan state under
 :data:`GUARD_KEY` (uvicorn hands that state to every connection); without one the defaults hold.
 The subclass uses these attributes of uvicorn's ``HttpToolsProtocol``: ``parser``, ``transport``, ``client``,

@@ -1,6 +1,6 @@
 // ldp-stream built-in dashboard: plain SVG charts from the worker's own API (no library, no network beyond
 // this worker). Polls every second: GET campaigns (once), estimates/{c}/{a} and .../history per attribute,
-// metrics (Prometheus text: reports/s, rejections, lag) and status.
+// metrics (Prometheus text: reports counted, whose increase between polls is reports/s; rejections, lag) and status.
 // Every chart is a <figure data-chart=... data-attribute=... data-points=N>; <body data-ready="true"> once
 // every chart has data (the browser test waits for it).
 'use strict';
@@ -211,8 +211,10 @@ async function sampleOps() {
   if (!r.ok) return;
   const m = parseMetrics(await r.text()), rejected = {};
   for (const s of m.ldp_rejected_batches_total || []) rejected[s.labels.reason] = (rejected[s.labels.reason] || 0) + s.value;
-  ops.push({time: Date.now() / 1000, rps: total(m.ldp_reports_per_second), rejected,
-            lag: total(m.ldp_consumer_lag_messages), reports: total(m.ldp_reports_total)});
+  // reports/s: the increase of the counter since the previous poll (none at the first, or after a restart)
+  const now = Date.now() / 1000, reports = total(m.ldp_reports_total), prev = ops[ops.length - 1];
+  const rps = prev && now > prev.time && reports >= prev.reports ? (reports - prev.reports) / (now - prev.time) : 0;
+  ops.push({time: now, rps, rejected, lag: total(m.ldp_consumer_lag_messages), reports});
   if (ops.length > OPS_KEEP) ops.shift();
 }
 
@@ -221,7 +223,7 @@ function drawOps(histories) {
   const tfmt = v => clock(v);
   const last = ops[ops.length - 1];
   lineChart(panel(root, 'ops-rps', 'Reports/s', 'reports_per_second'),
-            [{name: 'reports/s (this worker, 5 s window)', color: PALETTE[0], points: ops.map(s => [s.time, s.rps])}],
+            [{name: 'reports/s (this worker, between polls)', color: PALETTE[0], points: ops.map(s => [s.time, s.rps])}],
             last ? `${fmt(last.reports)} counted` : '', {xfmt: tfmt, area: true});
   const reasons = [...new Set(ops.flatMap(s => Object.keys(s.rejected)))].sort();
   const shown = reasons.filter(r => last && last.rejected[r] > 0);

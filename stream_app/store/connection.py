@@ -123,9 +123,9 @@ def connect(url: str) -> "aioredis.Redis | aioredis.RedisCluster":
                                           **security)
 
 
-def connect_sync(url: str) -> "redis.Redis | redis.cluster.RedisCluster":
-    """:func:`connect` for synchronous code."""
-    security = RedisSecurity.from_env().client_kwargs(url)
+def connect_sync(url: str, **options: Any) -> "redis.Redis | redis.cluster.RedisCluster":
+    """:func:`connect` for synchronous code (``options``: more client options, e.g. ``socket_timeout``)."""
+    security = {**RedisSecurity.from_env().client_kwargs(url), **options}
     if not is_cluster_url(url):
         return redis.Redis.from_url(url, **security)
     first, seeds = _cluster_seeds(url)

@@ -15,7 +15,7 @@ export class CampaignError extends LDPError {
 
 const NAME = /^[A-Za-z0-9_.-]{1,64}$/;
 const CAMPAIGN_KEYS = new Set(['id', 'time_step_seconds', 'lateness_seconds', 'max_batch_reports', 'retention_steps',
-  'max_steps_ahead', 'description']);
+  'max_steps_ahead', 'min_n', 'description']);  // min_n, retention_steps: server-side, accepted and unused
 export const MIN_TIME_STEP_SECONDS = 1.0;
 export const MAX_STEP = 2 ** 32 - 1;
 

@@ -28,7 +28,7 @@ __all__ = ["Attribute", "Group", "Campaign", "DEFENSES", "step_at", "default_ret
 
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 _CAMPAIGN_KEYS = {"id", "time_step_seconds", "lateness_seconds", "max_batch_reports", "retention_steps",
-                  "max_steps_ahead", "description"}
+                  "max_steps_ahead", "min_n", "description"}  # min_n: server-side (the estimates), unused here
 MIN_TIME_STEP_SECONDS = 1.0
 DEFAULT_RETENTION_SECONDS = 7 * 86400
 DEFENSES = ("none", "plausibility", "itemset")
