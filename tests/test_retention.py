@@ -460,13 +460,15 @@ def test_memory_per_attribute_per_step_matches_the_docs(local_stack) -> None:
 
 # ---------------------------------------------------------------- the retention check at a worker's start (issue 22)
 DEMO_CAMPAIGNS = sorted((Path(__file__).resolve().parents[1] / "deploy" / "campaigns").glob("*.toml"))
+#: the demo campaign itself (six attributes, the longest retention of the deployed campaigns)
+DEMO_CAMPAIGN = Path(__file__).resolve().parents[1] / "deploy" / "campaigns" / "demo.toml"
 
 
 def test_retention_check_formula_message_and_what_fits() -> None:
     """The check's arithmetic: retention_steps × Σ attributes' bytes per step against 80% of the memory; the
     refusal names the campaign, the formula with its numbers, the memory and what to change, and the figures it
     suggests are right (the suggested retention fits, one more step does not; the suggested maxmemory fits)."""
-    demo = Campaign.load(DEMO_CAMPAIGNS[0])
+    demo = Campaign.load(DEMO_CAMPAIGN)
     need = campaign_need(demo, 100)
     assert need.step_bytes == sum(step_bytes(a, 100) for a in demo.attributes.values())
     assert need.total == demo.retention_steps * need.step_bytes
@@ -566,7 +568,7 @@ def test_a_worker_refuses_a_retention_that_does_not_fit(local_stack, tmp_path) -
     from ldpstream_dev.workers import WorkerProcess, unique_campaign_file
 
     info = local_stack.info
-    path = unique_campaign_file(DEMO_CAMPAIGNS[0], tmp_path)
+    path = unique_campaign_file(DEMO_CAMPAIGN, tmp_path)
     demo = Campaign.load(path)
     worker = WorkerProcess([path], info.kafka_bootstrap, info.redis_url, run_dir=tmp_path, app_id=_cid(),
                            redis_memory_bytes=64 << 20).start()
