@@ -668,6 +668,10 @@ class Estimator:
                 self._set_final(st, t, int(n), int(revision))
                 return False
             self._set_final(st, t, counted_n(doc), doc["revision"])
+            # A holder paused between its claim and its send (SIGSTOP, a long GC or swap) may have lost the lease
+            # meanwhile: the new holder then publishes the pending claim itself, and this one must not send it too.
+            if not await self.store.fence_holds(c.id, self.app_id, self.fence):
+                raise _Fenced(f"the campaign's fence passed token {self.fence} after its claim of {a.name} t={t}")
             await self.publish(doc)
             await self.store.confirm_final(c.id, a.name, t, doc["revision"])
             if doc["latency_seconds"] is not None and doc["revision"] == 0:

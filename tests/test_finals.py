@@ -140,6 +140,37 @@ def test_a_holder_that_lost_its_lease_mid_tick_publishes_nothing(local_stack) ->
     asyncio.run(run())
 
 
+def test_a_holder_paused_between_its_claim_and_its_send_leaves_the_claim_to_the_new_holder(local_stack) -> None:
+    """A holder stopped after its claim and before its send (a CI run: SIGSTOP past the lease, then SIGCONT) finds
+    the fence raised when it resumes and does not send; the new holder publishes the pending claim: one message."""
+    c = _campaign()
+    app = f"pause-{uuid.uuid4().hex[:6]}"
+    url = local_stack.info.redis_url
+
+    async def run() -> None:
+        old, new = _Holder(url, c, app, "old", lease_ttl=0.3), _Holder(url, c, app, "new", lease_ttl=5.0)
+        try:
+            await _close_step(old.store, c.id, 0)
+            claim = old.store.claim_final
+
+            async def claim_then_pause(*args: Any) -> Any:
+                out = await claim(*args)
+                await asyncio.sleep(0.4)  # paused past its lease; the new holder takes it and raises the fence
+                assert await new.est._hold_lease()
+                return out
+            old.store.claim_final = claim_then_pause  # type: ignore[method-assign]
+            assert await old.est.tick() == [] and old.published == []
+            assert await new.store.pending_finals(c.id, "a") == {0: 0}
+            await new.est.tick()
+            assert _finals(new.published) == [(0, 0, N)] and new.published[0]["worker"] == "old"
+            assert await new.store.pending_finals(c.id, "a") == {}
+        finally:
+            await old.close()
+            await new.close()
+
+    asyncio.run(run())
+
+
 def test_an_unacknowledged_final_is_published_again_unchanged_by_the_next_holder(local_stack) -> None:
     c = _campaign()
     app = f"pend-{uuid.uuid4().hex[:6]}"

@@ -51,6 +51,11 @@ class Lease(StoreConnection):
         """Refuse the claims of ``app_id``'s older lease holders from now on (a new holder, before it reads)."""
         await self._scripts["raise_floor"](keys=[fence_key(campaign, app_id)], args=[int(token)])
 
+    async def fence_holds(self, campaign: str, app_id: str, token: int) -> bool:
+        """Whether ``token`` is still at or above ``campaign``'s fence (no newer lease holder raised it)."""
+        raw = await self.redis.get(fence_key(campaign, app_id))
+        return raw is None or int(raw) <= int(token)
+
     async def wake_estimator(self, app_id: str, campaign: str, attribute: str, t: int) -> None:
         """Wake the estimator loops of ``app_id`` (a step was closed)."""
         await self.redis.publish(wake_channel(app_id), f"{campaign}:{attribute}:{t}")
