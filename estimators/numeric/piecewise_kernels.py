@@ -1,0 +1,333 @@
+"""Kernels of the discrete Piecewise and Hybrid Mechanisms and of their k-of-d sampling
+(:mod:`estimators.numeric.piecewise`), with their numpy twins.
+
+The law sampled (:mod:`.piecewise`'s module doc): ``M`` output cells, a window of ``K`` cells, cell masses
+``A / Z`` in the window and ``B / Z`` outside (``Z = K A + L B <= 2^64``, ``L = M - K``, integers), the window
+starting at cell ``s0`` or ``s0 + 1`` with probabilities ``1 - π`` and ``π``, ``π = q / D``, ``D = A - B``:
+``t = (x + 1) / 2 · L``, ``s0 = min(floor t, L - 1)``, ``q = rint((t - s0) D)`` (``q = D`` when
+``t - s0 = 1``; clamped to ``D``). The mixture's masses are integers over ``Z``: the ``K - 1`` cells
+``s0 + 1 .. s0 + K - 1`` are in both windows (``A``), cell ``s0`` has ``A - q`` and cell ``s0 + K`` has
+``B + q`` (together ``A + B``), and the other ``L - 1`` cells ``B``. So **one** 64-bit word ``w`` per report
+draws the whole law, the input's rounding included: words ``w >= Z`` are redrawn (probability
+``(2^64 - Z) / 2^64 < (K e^ε + L + K) / 2^64``: below ``2^-40`` for ε <= 10 at the default grid, at most
+1/2 near the saturation of very large ε), then
+
+* ``w < (K - 1) A``: the cell ``s0 + 1 + floor(w / A)``;
+* else ``v = w - (K - 1) A < A + B``: cell ``s0`` if ``v < A - q``, else ``s0 + K``;
+* else ``u = floor((v - A - B) / B) in [0, L - 1)``: the cell ``u`` (``u < s0``) or ``u + K + 1``.
+
+Each cell takes exactly as many accepted words as its integer mass: the law is exact.
+
+Words come from the batch noise stream ``(nkey, NOISE, 0)`` (row ``i``'s fixed slot) and, past the slot (the
+redraws), from the row's own extension stream ``(nkey, NOISE_EXT, i)``
+(:func:`estimators.randomness.stream_word`, ``skip`` = the slot's width). **PM** rows use a slot of
+:data:`PM_SLOT` = 1 word. **HM** rows use :data:`HM_SLOT` = 2: word 0 picks the branch (PM iff
+``w0 < T_α``, ``P = T_α / 2^64``); word 1 is PM's word, or Duchi et al.'s sign: ``+B`` (code ``M + 1``) iff
+``w1 >> 11 < T_lo + rint((x + 1) S)`` (a 53-bit uniform against an integer threshold, as :mod:`.duchi` does),
+else ``-B`` (code ``M``). **k-of-d** rows (Wang et al., ICDE 2019, Algorithm 4) use ``k + k W`` words (``W``
+the base's slot width): words ``0 .. k-1`` draw a uniform k-subset of the ``d`` attributes by a partial
+Fisher-Yates shuffle (word ``t``: an index of ``[t, d)``, the word modulo ``d - t`` once it is at most
+``lim_t = 2^64 - 1 - (2^64 mod (d - t))``: exactly uniform), the subset is sorted, and the ``t``-th sampled
+attribute is randomized with words ``k + t W .. k + (t+1) W - 1``. A row's extension words are shared by its
+draws in that order.
+
+The numba kernels and their numpy twins consume the same words in the same order, so they give equal reports
+from the same key (the tests check it, with parameters that force redraws too).
+"""
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+
+from ..randomness import NOISE, NOISE_EXT, fill_run, stream_word
+from ..reference import Draws, noise_slots
+
+__all__ = ["PM_SLOT", "HM_SLOT", "pm_randomize", "hm_randomize", "kofd_randomize", "np_pm_randomize",
+           "np_hm_randomize", "np_kofd_randomize", "rejection_limit"]
+
+PM_SLOT = 1     # words per PM report
+HM_SLOT = 2     # words per HM report: the branch, then PM's word or Duchi's sign
+# Serial for now: parallel=True doubles the cold compile (212 against 115 CPU s for the numeric tests on the
+# 2-core machine) while the test suite has no room for it; `prange` runs as `range`.
+_PAR = dict(parallel=False, cache=True, nogil=True)
+_CHUNK = 1 << 12
+_SHIFT53 = np.uint64(11)
+
+
+def rejection_limit(m: int) -> np.uint64:
+    """``2^64 - 1 - (2^64 mod m)``: the largest 64-bit word the uniform draw of ``[0, m)`` accepts."""
+    if m < 1:
+        raise ValueError(f"a uniform draw needs m >= 1, got {m}")
+    return np.uint64((1 << 64) - 1 - ((1 << 64) % m))
+
+
+@nb.njit(cache=True, nogil=True)
+def _noise_slots(nkey, w, r0, r1):
+    """The noise slots of rows ``r0 .. r1-1`` (``w`` words each), flat."""
+    buf = np.empty((r1 - r0) * w, dtype=np.uint64)
+    fill_run(nkey, NOISE, 0, r0 * w, buf)
+    return buf
+
+
+@nb.njit(inline="always", cache=True)
+def _pm_cell(x, w, l_f, k, a, b, d_ab, d_f, zlim, nkey, i, slot, j, cache, skip):
+    """PM's cell for unit input ``x`` from word ``w`` (redrawn from row ``i``'s extension stream, draw index
+    ``j`` on, while ``w > zlim = Z - 1``): module doc. ``l_f = float(L)``, ``d_ab = D = A - B`` (uint64),
+    ``d_f = float(D)``. Returns ``(cell, next draw index)``."""
+    t = (x + 1.0) * 0.5 * l_f
+    s0 = np.floor(t)
+    if s0 > l_f - 1.0:
+        s0 = l_f - 1.0
+    f = t - s0
+    if f >= 1.0:
+        q = d_ab
+    else:
+        q = np.uint64(np.rint(f * d_f))
+        if q > d_ab:
+            q = d_ab
+    s = np.int64(s0)
+    while w > zlim:
+        w = stream_word(nkey, NOISE_EXT, i, slot, j, cache, skip)
+        j += 1
+    ka1 = a * np.uint64(k - 1)
+    if w < ka1:
+        return s + 1 + np.int64(w // a), j
+    v = w - ka1
+    if v < a + b:
+        return (s if v < a - q else s + k), j
+    u = np.int64((v - a - b) // b)
+    return (u if u < s else u + k + 1), j
+
+
+@nb.njit(inline="always", cache=True)
+def _duchi_code(x, w, d_tlo, d_s, m):
+    """Duchi et al.'s sign as an HM code: ``m + 1`` (``+B``) iff ``w >> 11 < T_lo + rint((x + 1) S)``, else ``m``."""
+    thr = np.uint64(d_tlo + np.int64(np.rint((x + 1.0) * d_s)))
+    return m + 1 if (w >> _SHIFT53) < thr else m
+
+
+@nb.njit(**_PAR)
+def pm_randomize(x, nkey, l, k, a, b, zlim, out):
+    """PM cells of the unit inputs ``x`` (float64 in [-1, 1]) into ``out`` (uint16 or uint32): ``l`` = L,
+    ``k`` = K (int64), ``a`` = A, ``b`` = B, ``zlim`` = Z - 1 (uint64); ``nkey`` the batch key (module doc)."""
+    n = x.shape[0]
+    l_f = float(l)
+    d_ab = a - b
+    d_f = float(d_ab)
+    nchunks = (n + _CHUNK - 1) // _CHUNK
+    for c in nb.prange(nchunks):
+        r0, r1 = c * _CHUNK, min(n, (c + 1) * _CHUNK)
+        noise = _noise_slots(nkey, PM_SLOT, r0, r1)
+        cache = np.zeros(9, dtype=np.uint64)
+        for i in range(r0, r1):
+            o = i - r0
+            w = noise[o]
+            if w > zlim:  # rare: the row's extension stream (a fresh cache: the stream is the row's own)
+                cache[8] = 0
+            cell, _ = _pm_cell(x[i], w, l_f, k, a, b, d_ab, d_f, zlim, nkey, i, noise[o:o + 1], PM_SLOT, cache,
+                               PM_SLOT)
+            out[i] = cell
+    return out
+
+
+@nb.njit(**_PAR)
+def hm_randomize(x, nkey, t_alpha, l, k, a, b, zlim, d_tlo, d_s, out):
+    """HM codes (uint32) of the unit inputs ``x`` into ``out``: PM (cells ``0 .. M-1``, parameters as in
+    :func:`pm_randomize`) iff ``w0 < t_alpha``, else Duchi's ``-B`` / ``+B`` as codes ``M`` / ``M + 1``
+    (``d_tlo`` = T_lo int64, ``d_s`` = S float64)."""
+    n = x.shape[0]
+    m = l + k
+    l_f = float(l)
+    d_ab = a - b
+    d_f = float(d_ab)
+    nchunks = (n + _CHUNK - 1) // _CHUNK
+    for c in nb.prange(nchunks):
+        r0, r1 = c * _CHUNK, min(n, (c + 1) * _CHUNK)
+        noise = _noise_slots(nkey, HM_SLOT, r0, r1)
+        cache = np.zeros(9, dtype=np.uint64)
+        for i in range(r0, r1):
+            o = (i - r0) * HM_SLOT
+            if noise[o] < t_alpha:
+                cache[8] = 0
+                cell, _ = _pm_cell(x[i], noise[o + 1], l_f, k, a, b, d_ab, d_f, zlim, nkey, i,
+                                   noise[o:o + HM_SLOT], HM_SLOT, cache, HM_SLOT)
+                out[i] = cell
+            else:
+                out[i] = _duchi_code(x[i], noise[o + 1], d_tlo, d_s, m)
+    return out
+
+
+@nb.njit(**_PAR)
+def kofd_randomize(x, nkey, kk, lims, hm, t_alpha, l, k, a, b, zlim, d_tlo, d_s, idx_out, rep_out):
+    """k-of-d (Wang et al., ICDE 2019, Algorithm 4): for row ``i`` of the unit inputs ``x`` ``(n, d)``, a
+    uniform ``kk``-subset of the attributes (sorted, into ``idx_out[i]``) and each one's PM (``hm`` False) or
+    HM report (into ``rep_out[i]``); ``lims[t]`` is the rejection limit of ``[0, d - t)``; the other
+    parameters as in :func:`hm_randomize` (module doc)."""
+    n, d = x.shape[0], x.shape[1]
+    wb = HM_SLOT if hm else PM_SLOT
+    w = kk + kk * wb
+    m = l + k
+    l_f = float(l)
+    d_ab = a - b
+    d_f = float(d_ab)
+    nchunks = (n + _CHUNK - 1) // _CHUNK
+    for c in nb.prange(nchunks):
+        r0, r1 = c * _CHUNK, min(n, (c + 1) * _CHUNK)
+        noise = _noise_slots(nkey, w, r0, r1)
+        cache = np.zeros(9, dtype=np.uint64)
+        perm = np.arange(d)
+        rs = np.empty(kk, dtype=np.int64)
+        sel = np.empty(kk, dtype=np.int64)
+        for i in range(r0, r1):
+            o = (i - r0) * w
+            slot = noise[o:o + w]
+            cache[8] = 0
+            j = w
+            for t in range(kk):  # partial Fisher-Yates
+                wd = slot[t]
+                while wd > lims[t]:
+                    wd = stream_word(nkey, NOISE_EXT, i, slot, j, cache, w)
+                    j += 1
+                r = t + np.int64(wd % np.uint64(d - t))
+                rs[t] = r
+                tmp = perm[t]
+                perm[t] = perm[r]
+                perm[r] = tmp
+            for t in range(kk):
+                sel[t] = perm[t]
+            for t in range(kk - 1, -1, -1):  # undo the swaps: perm is the identity again
+                r = rs[t]
+                tmp = perm[t]
+                perm[t] = perm[r]
+                perm[r] = tmp
+            for t in range(1, kk):  # insertion sort of the (few) sampled attributes
+                v = sel[t]
+                q = t - 1
+                while q >= 0 and sel[q] > v:
+                    sel[q + 1] = sel[q]
+                    q -= 1
+                sel[q + 1] = v
+            for t in range(kk):
+                col = sel[t]
+                xv = x[i, col]
+                base = kk + t * wb
+                idx_out[i, t] = col
+                if hm and not slot[base] < t_alpha:
+                    rep_out[i, t] = _duchi_code(xv, slot[base + 1], d_tlo, d_s, m)
+                else:
+                    off = base + 1 if hm else base
+                    cell, j = _pm_cell(xv, slot[off], l_f, k, a, b, d_ab, d_f, zlim, nkey, i, slot, j, cache, w)
+                    rep_out[i, t] = cell
+    return idx_out, rep_out
+
+
+# ------------------------------------------------------------------ numpy twins
+class _Ext:
+    """Each row's draws past its slot (:class:`~estimators.reference.Draws`, one per row, made on first use) and
+    the index of its next draw."""
+
+    def __init__(self, nkey, slots: np.ndarray) -> None:
+        self.nkey, self.slots, self.skip = nkey, slots, slots.shape[1]
+        self.draws: dict[int, Draws] = {}
+        self.next: dict[int, int] = {}
+
+    def __call__(self, i: int) -> np.uint64:
+        if i not in self.draws:
+            self.draws[i] = Draws(self.nkey, NOISE_EXT, i, self.slots[i], skip=self.skip)
+            self.next[i] = self.skip
+        j = self.next[i]
+        self.next[i] = j + 1
+        return self.draws[i](j)
+
+
+def _np_redraw(w: np.ndarray, lim, rows: np.ndarray, ext: _Ext) -> np.ndarray:
+    """``w`` with every word above ``lim`` redrawn from its row's extension stream (row ``rows[q]`` for
+    ``w[q]``)."""
+    w = w.copy()
+    lim = np.uint64(lim)
+    for q in np.nonzero(w > lim)[0]:
+        while w[q] > lim:
+            w[q] = ext(int(rows[q]))
+    return w
+
+
+def np_pm_cells(x: np.ndarray, w: np.ndarray, l: int, k: int, a: int, b: int, zlim: int, rows: np.ndarray,
+                ext: _Ext) -> np.ndarray:
+    """The twin of :func:`_pm_cell` for inputs ``x`` and words ``w`` of rows ``rows`` (int64 cells)."""
+    a, b, zlim = np.uint64(a), np.uint64(b), np.uint64(zlim)
+    d_ab = a - b
+    t = (x + 1.0) * 0.5 * float(l)
+    s0 = np.minimum(np.floor(t), float(l) - 1.0)
+    f = t - s0
+    q = np.minimum(np.rint(np.where(f >= 1.0, 0.0, f) * float(d_ab)).astype(np.uint64), d_ab)
+    q = np.where(f >= 1.0, d_ab, q)
+    s = s0.astype(np.int64)
+    w = _np_redraw(w, zlim, rows, ext)
+    ka1 = a * np.uint64(k - 1)
+    inner = s + 1 + (w // a).astype(np.int64)
+    v = w - ka1                                   # wraps where w < ka1: not used there
+    edge = np.where(v < a - q, s, s + k)
+    u = ((v - a - b) // b).astype(np.int64)       # wraps where v < a + b: not used there
+    far = np.where(u < s, u, u + k + 1)
+    return np.where(w < ka1, inner, np.where(v < a + b, edge, far))
+
+
+def _np_duchi(x: np.ndarray, w: np.ndarray, d_tlo: int, d_s: float, m: int) -> np.ndarray:
+    thr = (np.int64(d_tlo) + np.rint((x + 1.0) * d_s).astype(np.int64)).astype(np.uint64)
+    return np.where((w >> _SHIFT53) < thr, m + 1, m).astype(np.int64)
+
+
+def np_pm_randomize(x: np.ndarray, nkey: np.ndarray, l: int, k: int, a: int, b: int, zlim: int,
+                    dtype=np.uint32) -> np.ndarray:
+    """The numpy twin of :func:`pm_randomize` (vectorized; a Python loop only over redrawn rows)."""
+    x = np.asarray(x, dtype=np.float64)
+    n = x.shape[0]
+    slots = noise_slots(nkey, n, PM_SLOT)
+    return np_pm_cells(x, slots[:, 0], l, k, a, b, zlim, np.arange(n), _Ext(nkey, slots)).astype(dtype)
+
+
+def np_hm_randomize(x: np.ndarray, nkey: np.ndarray, t_alpha: int, l: int, k: int, a: int, b: int, zlim: int,
+                    d_tlo: int, d_s: float) -> np.ndarray:
+    """The numpy twin of :func:`hm_randomize`."""
+    x = np.asarray(x, dtype=np.float64)
+    n = x.shape[0]
+    slots = noise_slots(nkey, n, HM_SLOT)
+    rows = np.nonzero(slots[:, 0] < np.uint64(t_alpha))[0]
+    out = _np_duchi(x, slots[:, 1], d_tlo, d_s, l + k)
+    out[rows] = np_pm_cells(x[rows], slots[rows, 1], l, k, a, b, zlim, rows, _Ext(nkey, slots))
+    return out.astype(np.uint32)
+
+
+def np_kofd_randomize(x: np.ndarray, nkey: np.ndarray, kk: int, lims: np.ndarray, hm: bool, t_alpha: int,
+                      l: int, k: int, a: int, b: int, zlim: int, d_tlo: int, d_s: float,
+                      dtype=np.uint32) -> tuple[np.ndarray, np.ndarray]:
+    """The numpy twin of :func:`kofd_randomize`: ``(indices uint16 (n, kk), reports (n, kk))``."""
+    x = np.asarray(x, dtype=np.float64)
+    n, d = x.shape
+    wb = HM_SLOT if hm else PM_SLOT
+    w = kk + kk * wb
+    slots = noise_slots(nkey, n, w)
+    rows = np.arange(n)
+    ext = _Ext(nkey, slots)
+    perm = np.tile(np.arange(d, dtype=np.int64), (n, 1))
+    for t in range(kk):
+        wd = _np_redraw(slots[:, t], lims[t], rows, ext)
+        r = t + (wd % np.uint64(d - t)).astype(np.int64)
+        held = perm[rows, t].copy()
+        perm[rows, t] = perm[rows, r]
+        perm[rows, r] = held
+    sel = np.sort(perm[:, :kk], axis=1)
+    reports = np.empty((n, kk), dtype=np.int64)
+    for t in range(kk):
+        xv = x[rows, sel[:, t]]
+        base = kk + t * wb
+        if hm:
+            pm = slots[:, base] < np.uint64(t_alpha)
+            reports[:, t] = _np_duchi(xv, slots[:, base + 1], d_tlo, d_s, l + k)
+            off = base + 1
+        else:
+            pm = np.ones(n, dtype=bool)
+            off = base
+        pr = rows[pm]
+        reports[pr, t] = np_pm_cells(xv[pm], slots[pr, off], l, k, a, b, zlim, pr, ext)
+    return sel.astype(np.uint16), reports.astype(dtype)
