@@ -317,6 +317,14 @@ def other_than(x: np.int64, m: np.int64, u: float) -> np.int64:
     return o
 
 
+def rejection_limit(m: int) -> np.uint64:
+    """``2^64 - 1 - (2^64 mod m)``: the largest 64-bit word a uniform draw of ``[0, m)`` by ``word % m`` accepts
+    (a larger word is drawn again), so that every residue has the same number of accepted words."""
+    if m < 1:
+        raise ValueError(f"a uniform draw needs m >= 1, got {m}")
+    return np.uint64((1 << 64) - 1 - ((1 << 64) % m))
+
+
 # ---------------------------------------------------------------- numpy references
 def np_chacha20_blocks(keys: np.ndarray, counters: np.ndarray, nonces: np.ndarray) -> np.ndarray:
     """RFC 8439 §2.3 block function for many inputs: ``keys (n, 8)``, ``counters (n,)``,

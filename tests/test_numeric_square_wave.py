@@ -14,7 +14,7 @@ from estimators.errors import InvalidReports, LDPError
 from estimators.numeric import eps_of_law, make_numeric
 from estimators.numeric import sw_kernels as swk
 from estimators.numeric.square_wave import SW, optimal_b
-from estimators.randomness import SimulationWarning, noise_key
+from estimators.randomness import SimulationWarning, noise_key, rejection_limit
 
 EPSILONS = (0.5, 1.0, 4.0)
 P_MIN = 1e-4  # p-value threshold of the goodness-of-fit tests, fixed in advance
@@ -162,7 +162,7 @@ def test_kernel_equals_twin(n):
 
 def test_rejection_limit_is_exactly_uniform():
     for m in (1, 2, 3, 1000, 65535):
-        lim = int(swk.rejection_limit(m))
+        lim = int(rejection_limit(m))
         assert (lim + 1) % m == 0 and (1 << 64) - (lim + 1) < m
 
 

@@ -31,10 +31,10 @@ import numba as nb
 import numpy as np
 
 from ..errors import InvalidReports, LDPError
+from ..kernels import _noise_slots
 from ..randomness import noise_key
 from ..reference import noise_slots
 from .base import NumericMechanism
-from .laplace_kernels import _noise_slots
 
 __all__ = ["Duchi", "duchi_randomize", "np_duchi_randomize", "duchi_threshold_low"]
 

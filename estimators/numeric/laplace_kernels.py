@@ -30,7 +30,8 @@ import math
 import numba as nb
 import numpy as np
 
-from ..randomness import NOISE, NOISE_EXT, fill_run, stream_word
+from ..kernels import _noise_slots  # the batch noise stream's row slots, shared with the frequency kernels
+from ..randomness import NOISE, NOISE_EXT, stream_word
 from ..reference import Draws, noise_slots
 
 __all__ = ["LAPLACE_SLOT", "CLAMP", "laplace_randomize", "np_laplace_randomize", "words_per_row"]
@@ -42,14 +43,6 @@ _TWO53 = float(1 << 53)
 # 2-core machine) while the test suite has no room for it; `prange` runs as `range`.
 _PAR = dict(parallel=False, cache=True, nogil=True)
 _CHUNK = 1 << 12
-
-
-@nb.njit(cache=True, nogil=True)
-def _noise_slots(nkey, w, r0, r1):
-    """The noise slots of rows ``r0 .. r1-1`` (``w`` words each), flat."""
-    buf = np.empty((r1 - r0) * w, dtype=np.uint64)
-    fill_run(nkey, NOISE, 0, r0 * w, buf)
-    return buf
 
 
 @nb.njit(cache=True, nogil=True)

@@ -27,7 +27,8 @@ import math
 import numba as nb
 import numpy as np
 
-from ..randomness import NOISE, PRR, fill_run, fill_words, np_stream_words, np_unit, unit
+from ..kernels import _noise_slots  # the batch noise stream's row slots, shared with the frequency kernels
+from ..randomness import NOISE, PRR, fill_words, np_stream_words, np_unit, unit
 from ..reference import noise_slots
 
 __all__ = ["ONEBIT_ALPHA", "onebit_randomize", "onebit_randomize_memo", "np_onebit_randomize",
@@ -40,13 +41,6 @@ ONEBIT_ALPHA = np.uint32(0x48504C41)
 _PAR = dict(parallel=False, cache=True, nogil=True)
 _CHUNK = 1 << 12
 _SHIFT53 = np.uint64(11)
-
-
-@nb.njit(cache=True, nogil=True)
-def _noise_slots(nkey, w, r0, r1):
-    buf = np.empty((r1 - r0) * w, dtype=np.uint64)
-    fill_run(nkey, NOISE, 0, r0 * w, buf)
-    return buf
 
 
 @nb.njit(inline="always", cache=True)

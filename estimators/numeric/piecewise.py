@@ -95,7 +95,7 @@ import numpy as np
 
 from ..base import check_eps
 from ..errors import InfeasibleParameters, InvalidReports, LDPError
-from ..randomness import noise_key
+from ..randomness import noise_key, rejection_limit
 from . import piecewise_kernels as pk
 from .base import NumericMechanism, from_unit, to_unit
 
@@ -440,7 +440,7 @@ class PiecewiseMultidim:
         cls = PM if base == "PM" else HM
         self.mechs = [cls(self.eps_attr, float(lo), float(hi), grid_bits) for lo, hi in r]
         self.grid_bits = self.mechs[0].grid_bits
-        self.lims = np.array([pk.rejection_limit(self.d - t) for t in range(self.k)], dtype=np.uint64)
+        self.lims = np.array([rejection_limit(self.d - t) for t in range(self.k)], dtype=np.uint64)
 
     def params(self) -> dict[str, Any]:
         return {"mechanism": f"{self.base}-k-of-d", "d": self.d, "eps": self.eps, "k": self.k,

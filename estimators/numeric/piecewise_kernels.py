@@ -39,11 +39,12 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from ..randomness import NOISE, NOISE_EXT, fill_run, stream_word
+from ..kernels import _noise_slots  # the batch noise stream's row slots, shared with the frequency kernels
+from ..randomness import NOISE, NOISE_EXT, stream_word
 from ..reference import Draws, noise_slots
 
 __all__ = ["PM_SLOT", "HM_SLOT", "pm_randomize", "hm_randomize", "kofd_randomize", "np_pm_randomize",
-           "np_hm_randomize", "np_kofd_randomize", "rejection_limit"]
+           "np_hm_randomize", "np_kofd_randomize"]
 
 PM_SLOT = 1     # words per PM report
 HM_SLOT = 2     # words per HM report: the branch, then PM's word or Duchi's sign
@@ -52,21 +53,6 @@ HM_SLOT = 2     # words per HM report: the branch, then PM's word or Duchi's sig
 _PAR = dict(parallel=False, cache=True, nogil=True)
 _CHUNK = 1 << 12
 _SHIFT53 = np.uint64(11)
-
-
-def rejection_limit(m: int) -> np.uint64:
-    """``2^64 - 1 - (2^64 mod m)``: the largest 64-bit word the uniform draw of ``[0, m)`` accepts."""
-    if m < 1:
-        raise ValueError(f"a uniform draw needs m >= 1, got {m}")
-    return np.uint64((1 << 64) - 1 - ((1 << 64) % m))
-
-
-@nb.njit(cache=True, nogil=True)
-def _noise_slots(nkey, w, r0, r1):
-    """The noise slots of rows ``r0 .. r1-1`` (``w`` words each), flat."""
-    buf = np.empty((r1 - r0) * w, dtype=np.uint64)
-    fill_run(nkey, NOISE, 0, r0 * w, buf)
-    return buf
 
 
 @nb.njit(inline="always", cache=True)

@@ -80,7 +80,7 @@ from typing import Any, NamedTuple, Sequence
 import numpy as np
 
 from ..errors import InvalidReports, LDPError
-from ..randomness import noise_key
+from ..randomness import noise_key, rejection_limit
 from . import sw_kernels as swk
 from .base import NumericMechanism, from_unit
 
@@ -141,7 +141,7 @@ class SW(NumericMechanism):
         thr = [(2 * (m % den) * _TWO53 + den) // (2 * den) for m in num]
         self.s_thr = np.array(thr, dtype=np.uint64)
         self.pi = np.array(thr, dtype=np.float64) / _TWO53
-        self.lim_k, self.lim_l = swk.rejection_limit(self.k), swk.rejection_limit(self.l)
+        self.lim_k, self.lim_l = rejection_limit(self.k), rejection_limit(self.l)
         # the unbiased linear estimator (module doc)
         P = self.p_near
         self.slope = P - (1.0 - P) * self.k / self.l

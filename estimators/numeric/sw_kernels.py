@@ -26,10 +26,11 @@ import math
 import numba as nb
 import numpy as np
 
-from ..randomness import NOISE, NOISE_EXT, fill_run, np_unit, stream_word, unit
+from ..kernels import _noise_slots  # the batch noise stream's row slots, shared with the frequency kernels
+from ..randomness import NOISE, NOISE_EXT, np_unit, stream_word, unit
 from ..reference import Draws, noise_slots
 
-__all__ = ["SW_SLOT", "sw_randomize", "np_sw_randomize", "rejection_limit"]
+__all__ = ["SW_SLOT", "sw_randomize", "np_sw_randomize"]
 
 SW_SLOT = 4                # words per row in the batch noise stream (more only on rejection: extension stream)
 # Serial for now: parallel=True doubles the cold compile (212 against 115 CPU s for the numeric tests on the
@@ -37,21 +38,6 @@ SW_SLOT = 4                # words per row in the batch noise stream (more only 
 _PAR = dict(parallel=False, cache=True, nogil=True)
 _CHUNK = 1 << 12
 _SHIFT53 = np.uint64(11)
-
-
-def rejection_limit(m: int) -> np.uint64:
-    """``2^64 - 1 - (2^64 mod m)``: the largest 64-bit word accepted by the uniform draw of ``[0, m)``."""
-    if m < 1:
-        raise ValueError(f"a uniform draw needs m >= 1, got {m}")
-    return np.uint64((1 << 64) - 1 - ((1 << 64) % m))
-
-
-@nb.njit(cache=True, nogil=True)
-def _noise_slots(nkey, w, r0, r1):
-    """The noise slots of rows ``r0 .. r1-1`` (``w`` words each), flat."""
-    buf = np.empty((r1 - r0) * w, dtype=np.uint64)
-    fill_run(nkey, NOISE, 0, r0 * w, buf)
-    return buf
 
 
 @nb.njit(inline="always", cache=True)
