@@ -16,7 +16,7 @@ keystream (Bernstein 2008, as specified in RFC 8439 §2.3) under the 256-bit ``k
   devices and batches are computationally independent.
 
 ``domain`` separates the uses (:data:`PRR`, :data:`NOISE`, :data:`LH_SEED`, :data:`BITFLIP_J`,
-:data:`BITFLIP_BIT`), so no stream ever serves two purposes.
+:data:`BITFLIP_BIT`, :data:`ONEBIT_ALPHA`), so no stream ever serves two purposes.
 
 Seeded randomness exists only as the labelled *simulation mode*: a caller that passes a
 ``numpy.random.Generator`` gets keys drawn from it (reproducible tests, benchmarks,
@@ -52,6 +52,7 @@ LH_SEED = np.uint32(0x44534C48)      # "HLSD": a device's fixed local-hashing se
 BITFLIP_J = np.uint32(0x4A504642)    # "BFPJ": dBitFlipPM's sampled buckets, a = 0
 BITFLIP_BIT = np.uint32(0x42504642)  # "BFPB": dBitFlipPM's memoized bits, a = case
 NOISE_EXT = np.uint32(0x5458454E)    # "NEXT": draws of row a beyond its fixed noise slot
+ONEBIT_ALPHA = np.uint32(0x48504C41)  # "ALPH": a 1BitMean device's rounding point alpha, a = 0
 NO_WORDS = np.zeros(0, dtype=np.uint64)  # an empty prefix (a stream read from word 0 on demand)
 
 _SIGMA = (0x61707865, 0x3320646E, 0x79622D32, 0x6B206574)  # "expand 32-byte k"

@@ -28,14 +28,12 @@ import numba as nb
 import numpy as np
 
 from ..kernels import _noise_slots  # the batch noise stream's row slots, shared with the frequency kernels
-from ..randomness import NOISE, PRR, fill_words, np_stream_words, np_unit, unit
+from ..randomness import NOISE, ONEBIT_ALPHA, PRR, fill_words, np_stream_words, np_unit, unit
 from ..reference import noise_slots
 
-__all__ = ["ONEBIT_ALPHA", "onebit_randomize", "onebit_randomize_memo", "np_onebit_randomize",
+__all__ = ["onebit_randomize", "onebit_randomize_memo", "np_onebit_randomize",
            "np_onebit_randomize_memo", "onebit_alpha", "np_onebit_alpha"]
 
-#: stream domain of a device's fixed α (nonce word 0, like those of :mod:`estimators.randomness`): "ALPH"
-ONEBIT_ALPHA = np.uint32(0x48504C41)
 # Serial for now: parallel=True doubles the cold compile (212 against 115 CPU s for the numeric tests on the
 # 2-core machine) while the test suite has no room for it; `prange` runs as `range`.
 _PAR = dict(parallel=False, cache=True, nogil=True)
