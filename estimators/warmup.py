@@ -24,4 +24,5 @@ def warm_up_protocol(proto: FrequencyProtocol, reports: np.ndarray, *, defended:
         if defended and family(proto) == "unary":
             implausible(proto, batch)
         support = proto.support(batch)
-    proto.estimate(support, max(len(reports), 1))  # type: ignore[possibly-undefined]
+    estimate = getattr(proto, "estimate_mean", proto.estimate)  # a numeric attribute's protocol estimates a mean
+    estimate(support, max(len(reports), 1))  # type: ignore[possibly-undefined]

@@ -1,4 +1,5 @@
-"""Evolving populations of device values (one int array per time step).
+"""Evolving populations of device values (one array per time step): categorical (:class:`EvolvingPopulation`)
+and numeric (:class:`DriftingMetric`).
 
 * ``uniform``: every step, each device holds a uniform value.
 * ``zipf``: values follow a Zipf law (exponent ``s``) over the domain, through a random
@@ -78,3 +79,52 @@ class EvolvingPopulation:
         """Histogram of the current values."""
         assert self.values is not None, "call step() first"
         return np.bincount(self.values, minlength=self.k) / self.n
+
+
+@dataclass
+class DriftingMetric:
+    """``n`` devices measuring a numeric metric on ``[lo, hi]`` whose population drifts step by step: the
+    simulated input of a ``type = "numeric"`` attribute.
+
+    Each device has a baseline (``lo + (hi - lo) Beta(2, 5)``; a fraction ``outliers`` of devices sits past
+    ``hi``, so their values are clipped and counted as clipped); at each step after the first a device redraws
+    its baseline with probability ``p_change`` (the Syn model's churn), and every value is its baseline times
+    the population's drift ``1 + 0.25 sin(2 pi t / period)`` (a daily cycle of ``period`` steps): the mean moves
+    step by step. ``values`` holds the baselines (the state a resumed fleet restores); :meth:`step` returns the
+    measurements."""
+
+    n: int
+    lo: float
+    hi: float
+    p_change: float = 0.25
+    period: int = 12
+    outliers: float = 0.01
+    rng: np.random.Generator = field(default_factory=np.random.default_rng)
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.p_change <= 1.0:
+            raise ValueError(f"p_change must lie in [0, 1], got {self.p_change}")
+        if self.n < 1 or not self.lo < self.hi:
+            raise ValueError("a metric needs n >= 1 devices and lo < hi")
+        self.values: np.ndarray | None = None
+        self.t = -1
+
+    def _draw(self, size: int) -> np.ndarray:
+        base = self.lo + (self.hi - self.lo) * self.rng.beta(2.0, 5.0, size)
+        out = self.rng.random(size) < self.outliers
+        base[out] = self.hi + (self.hi - self.lo) * self.rng.random(int(out.sum()))
+        return base
+
+    def drift(self, t: int) -> float:
+        """The population's multiplier at step ``t``."""
+        return 1.0 + 0.25 * float(np.sin(2.0 * np.pi * t / self.period))
+
+    def step(self) -> np.ndarray:
+        """Advance one time step and return the devices' measurements (float64 ``(n,)``)."""
+        self.t += 1
+        if self.values is None:
+            self.values = self._draw(self.n)
+        else:
+            change = np.flatnonzero(self.rng.random(self.n) < self.p_change)
+            self.values[change] = self._draw(change.size)
+        return self.lo + (self.values - self.lo) * self.drift(self.t)

@@ -84,12 +84,13 @@ from estimators import MemoState
 from estimators.base import FrequencyProtocol, uint_dtype
 from estimators.errors import LDPError
 from estimators.fileio import atomic_write, fsync_dir
+from estimators.numeric.protocol import NumericProtocol
 from wire.campaign import Campaign
 from wire.envelope import pack_reports, pack_watermark
 from wire.topics import REPORTS_TOPIC, message_key
 from wire.transport import kafka_client_options
 
-from .datasets import KINDS, EvolvingPopulation
+from .datasets import KINDS, DriftingMetric, EvolvingPopulation
 
 __all__ = ["FleetConfig", "Fleet", "StepData", "FleetSummary", "Progress", "FleetStateError", "PublishError",
            "publish", "publish_sync", "ensure_topic"]
@@ -176,11 +177,19 @@ class StepData:
 
     attribute: str
     t: int
-    values: np.ndarray            # true values int64 (n,)
+    values: np.ndarray            # true values int64 (n,); float64 for a numeric attribute
     reports: np.ndarray           # randomized reports (n, ...) of the protocol's report dtype
     true_frequencies: np.ndarray  # float (domain_size,)
     support: np.ndarray           # proto.support(reports), int64 (support_size,)
     n: int
+
+    @property
+    def clipped(self) -> int:
+        """Devices whose value was outside a numeric attribute's range (clipped before randomization); 0 else."""
+        proto = self.proto
+        return int(np.count_nonzero(proto.clipped(self.values))) if isinstance(proto, NumericProtocol) else 0
+
+    proto: FrequencyProtocol | None = None
 
 
 @dataclass
@@ -239,11 +248,25 @@ def _attr_tag(name: str) -> int:
 
 
 def true_frequencies(proto: FrequencyProtocol, values: np.ndarray) -> np.ndarray:
-    """Histogram of true values over the protocol's estimated domain (buckets for dBitFlipPM)."""
+    """Histogram of true values over the protocol's estimated domain (buckets for dBitFlipPM); for a numeric
+    attribute, ``[mean of the values clipped to the range]``: what its estimate targets."""
+    if isinstance(proto, NumericProtocol):
+        return np.array([np.clip(values, proto.lo, proto.hi).mean() if len(values) else 0.0])
     v = values
     if proto.domain_size != proto.k and hasattr(proto, "bucket"):
         v = proto.bucket(values)
     return np.bincount(v, minlength=proto.domain_size).astype(np.float64) / max(len(v), 1)
+
+
+def _numeric_truth(data: StepData) -> dict[str, Any]:
+    """A numeric attribute's step as the estimate targets it: the values clipped to the range, their mean and
+    quantiles (p50, p90, p99), and how many were clipped; empty for a categorical attribute."""
+    proto = data.proto
+    if not isinstance(proto, NumericProtocol):
+        return {}
+    v = np.clip(data.values, proto.lo, proto.hi)
+    return {"true_mean": float(v.mean()), "clipped": data.clipped,
+            "true_quantiles": dict(zip(("p50", "p90", "p99"), np.quantile(v, [0.5, 0.9, 0.99]).tolist()))}
 
 
 # --------------------------------------------------------------------------- the fleet
@@ -299,6 +322,11 @@ class Fleet:
     def _build_populations(self) -> None:
         c = self.config
         for name in self.attributes:
+            proto = self.proto(name)
+            rng = np.random.default_rng([self.population_seed, _attr_tag(name), _POPULATION])
+            if isinstance(proto, NumericProtocol):
+                self.populations[name] = DriftingMetric(c.n_devices, proto.lo, proto.hi, p_change=c.p_change, rng=rng)
+                continue
             self.populations[name] = EvolvingPopulation(
                 c.n_devices, self.proto(name).k, kind=c.dataset, p_change=c.p_change,  # type: ignore[arg-type]
                 base=c.base, zipf_s=c.zipf_s,  # type: ignore[arg-type]
@@ -383,7 +411,7 @@ class Fleet:
         values = self._values_at(name, t)
         reports = proto.randomize(values, self._device_rng(_attr_tag(name), _RANDOMIZE, t), state=self.states[name])
         return StepData(name, t, values, reports, true_frequencies(proto, values),
-                        proto.support(reports), int(values.shape[0]))
+                        proto.support(reports), int(values.shape[0]), proto=proto)
 
     def randomize_group(self, group: str, t: int) -> list[StepData]:
         """Advance the group's attributes to step ``t`` and randomize every device once through the group's
@@ -488,7 +516,8 @@ class Fleet:
                     files[f"{attr}.memo.npz"] = _sha256(snap / f"{attr}.memo.npz")
                 vals = self.populations[attr].values
                 if vals is not None:
-                    put(f"{attr}.values.npy", npy(vals.astype(uint_dtype(self.proto(attr).k))))
+                    numeric = isinstance(self.proto(attr), NumericProtocol)  # a numeric metric: the baselines
+                    put(f"{attr}.values.npy", npy(vals.astype(np.float64 if numeric else uint_dtype(self.proto(attr).k))))
             for d in data or ():
                 put(f"{d.attribute}.reports.npy", npy(d.reports))
             manifest = {"format": _SNAPSHOT_FORMAT, "t": t, "files": files, "batch_size": self.config.batch_size,
@@ -702,8 +731,12 @@ class Fleet:
                 self.states[attr] = _read(path, lambda: MemoState.load(path, fingerprint=proto.fingerprint))
             vpath = snap / f"{attr}.values.npy"
             if vpath.exists():
-                vals = _read(vpath, lambda: np.load(vpath, allow_pickle=False).astype(np.int64))
-                if vals.shape != (self.n_devices,) or (vals.size and (int(vals.min()) < 0 or int(vals.max()) >= proto.k)):
+                numeric = isinstance(proto, NumericProtocol)
+                vals = _read(vpath, lambda: np.load(vpath, allow_pickle=False).astype(np.float64 if numeric else np.int64))
+                if numeric and (vals.shape != (self.n_devices,) or not np.all(np.isfinite(vals))):
+                    raise FleetStateError(f"{vpath} does not hold {self.n_devices} finite baselines; {_CORRUPT}")
+                if not numeric and (vals.shape != (self.n_devices,)
+                                    or (vals.size and (int(vals.min()) < 0 or int(vals.max()) >= proto.k))):
                     raise FleetStateError(f"{vpath} does not hold {self.n_devices} values of [0, {proto.k}); "
                                           f"{_CORRUPT}")
                 pop = self.populations[attr]
@@ -723,7 +756,8 @@ class Fleet:
                     or len(rep) != manifest["reports"].get(attr):
                 raise FleetStateError(f"{rpath} does not hold the reports its manifest lists; {_CORRUPT}")
             values = values.copy()
-            data.append(StepData(attr, t, values, rep, true_frequencies(proto, values), proto.support(rep), len(rep)))
+            data.append(StepData(attr, t, values, rep, true_frequencies(proto, values), proto.support(rep), len(rep),
+                                 proto=proto))
         by_name = {d.attribute: d for d in data}  # in the order draw() returns them: unit by unit
         return [by_name[a] for u in self.units for a in (self.campaign.groups[u].attributes
                                                           if u in self.campaign.groups else [u])]
@@ -1043,7 +1077,8 @@ async def _publish(fleet: Fleet, bootstrap: str, topic: str, *, on_progress: Pro
                     await report(t, attr, i)
                 if keep_supports:
                     summary.per_step[(attr, t)] = {"n": data.n, "support": data.support,
-                                                   "true_frequencies": data.true_frequencies}
+                                                   "true_frequencies": data.true_frequencies,
+                                                   **_numeric_truth(data)}
             del unit_data
             if unit is None or unit == fleet.units[-1]:  # end of step t
                 if persist or on_step is not None:

@@ -207,6 +207,7 @@ from estimators import MemoState, MultiState
 from estimators.base import FrequencyProtocol
 from estimators.errors import InvalidState, LDPError
 from estimators.fileio import atomic_write
+from estimators.numeric.protocol import NumericProtocol
 from producers.keystore import FileKeyStore, KeyStore
 from wire.campaign import Campaign, CampaignError, Group, step_at
 from wire.single_report import check_step, encode_single_report
@@ -334,7 +335,8 @@ class Device:
         self.states: dict[str, MemoState | None] = {}
         self.spent_reports: dict[str, int] = {}   # memoryless attribute -> reports made
         self.memo_slots: dict[str, int] = {}      # memoizing attribute -> memo slots reserved
-        self.last_values: dict[str, int] = {}     # memoizing attribute -> value last reported
+        self.last_values: dict[str, int | float] = {}  # memoizing attribute -> value last reported
+        self._clipped: dict[str, int] = {}        # numeric attribute -> values clipped to its range (this object)
         self.group_states: dict[str, MultiState] = {}  # group -> its solution's state of this device
         self.group_reports: dict[str, int] = {}   # group -> group steps reserved
         self.keyed: dict[str, str] = {}           # "a:<attr>" / "g:<group>" -> key id of a state that reported
@@ -920,14 +922,39 @@ class Device:
             raise LDPError(f"value {v} of {attribute!r} is outside the domain [0, {a.k})")
         return v
 
-    def randomize(self, attribute: str, value: int | str) -> np.ndarray:
+    def numeric_value(self, attribute: str, value: float) -> float:
+        """A numeric attribute's measurement as a float: a finite number (outside the range it is clipped to the
+        nearest end when randomized, and counted: :meth:`clipped`); :class:`LDPError` otherwise."""
+        if isinstance(value, (bool, str)) or not isinstance(value, (int, float, np.integer, np.floating)):
+            raise LDPError(f"value {value!r} of numeric attribute {attribute!r} must be a number")
+        v = float(value)
+        if not math.isfinite(v):
+            raise LDPError(f"value {value!r} of numeric attribute {attribute!r} is not a finite number")
+        return v
+
+    def clipped(self, attribute: str) -> int:
+        """How many values of numeric ``attribute`` this Device object clipped to the range before randomizing
+        them (kept on the device: the server never learns which reports were clipped)."""
+        return self._clipped.get(attribute, 0)
+
+    def _input(self, attribute: str, value: int | float | str) -> np.ndarray:
+        """One value as the protocol's input row: a domain index (categorical) or a float (numeric)."""
+        proto = self._own(attribute)
+        if isinstance(proto, NumericProtocol):
+            v = np.array([self.numeric_value(attribute, value)], dtype=np.float64)  # type: ignore[arg-type]
+            if proto.clipped(v)[0]:
+                self._clipped[attribute] = self._clipped.get(attribute, 0) + 1
+            return v
+        return np.array([self.value_index(attribute, value)], dtype=np.int64)
+
+    def randomize(self, attribute: str, value: int | float | str) -> np.ndarray:
         """Randomize one value (reports array of one row), enforcing and recording the budget.
 
         A memoizing attribute past its budget randomizes its last reported value instead of
         ``value`` (module docstring); :class:`BudgetExceeded` only on data-independent grounds.
         """
         proto = self._own(attribute)
-        v = self.value_index(attribute, value)
+        row = self._input(attribute, value)
         with self._locked():
             self._refresh()
             self._usable(f"a:{attribute}")  # a memo the ledger says reported, missing or foreign: nothing sent
@@ -937,14 +964,14 @@ class Device:
                 cost = float(proto.eps_first)
                 if not self._fits(reserved, cost):
                     raise BudgetExceeded(attribute, reserved, cost, self.budget_eps or 0.0)
-                reports = proto.randomize(np.array([v], dtype=np.int64), None, state=None)
+                reports = proto.randomize(row, None, state=None)
                 n_spent = self.spent_reports.get(attribute, 0) + 1
                 # spend first: a crash may over-count, never under-count
                 self._save_budget(spent=dict(self.spent_reports, **{attribute: n_spent}))
                 return reports
-            return self._randomize_memoized(attribute, proto, st, v, reserved)
+            return self._randomize_memoized(attribute, proto, st, row, reserved)
 
-    def _randomize_memoized(self, attribute: str, proto: FrequencyProtocol, st: MemoState, v: int,
+    def _randomize_memoized(self, attribute: str, proto: FrequencyProtocol, st: MemoState, row: np.ndarray,
                             reserved: float) -> np.ndarray:
         count, slots = _count(st), self._slots(attribute)
         # 1. reserve one more memo slot: decided on the schedule alone
@@ -957,7 +984,8 @@ class Device:
         keyed = dict(self.keyed, **{f"a:{attribute}": _key_id(st)})  # in the ledger before the first report leaves
         # 2. the value itself, if it is memoized or may be memoized now
         trial = _copy_state(st)
-        reports = proto.randomize(np.array([v], dtype=np.int64), None, state=trial)
+        v = row[0].item()  # the value as the ledger records it (an index, or a numeric measurement)
+        reports = proto.randomize(row, None, state=trial)
         if _count(trial) == count:  # already memoized: its PRR is reused, nothing spent
             self._save_budget(slots=new_slots, last=dict(self.last_values, **{attribute: v}), keyed=keyed)
             return reports
@@ -975,7 +1003,7 @@ class Device:
             raise BudgetExceeded(attribute, reserved, new_cost, self.budget_eps or 0.0,
                                  detail="no recorded last value to freeze on: state from an older SDK")
         trial = _copy_state(st)
-        reports = proto.randomize(np.array([last], dtype=np.int64), None, state=trial)
+        reports = proto.randomize(np.array([last], dtype=row.dtype), None, state=trial)
         if _count(trial) != count:
             raise DeviceStateError(f"the last value of {attribute!r} in {self._budget_path} is not memoized "
                                    f"in {self._memo_path(attribute)}: the state directory is inconsistent")

@@ -125,6 +125,18 @@ class Metrics:
             "ldp_poisoning_score", "z-score of the latest step's total support against its honest law (unary "
             "protocols; |z| > 4.89 is a false alarm once in 10^6 honest steps).", ca, registry=r)
 
+        # numeric attributes (type = "numeric"): the latest step's mean and, for Square Wave, its quantiles
+        self.estimated_mean = Gauge(
+            "ldp_estimated_mean", "Estimated mean (unbiased, metric units) of a numeric attribute at the latest step.",
+            ca, registry=r)
+        self.estimated_mean_ci95 = Gauge(
+            "ldp_estimated_mean_ci95_halfwidth", "Half-width of the 95% confidence interval of ldp_estimated_mean.",
+            ca, registry=r)
+        self.estimated_quantile = Gauge(
+            "ldp_estimated_quantile", "Estimated quantile (metric units; p50, p90, p99) of a numeric attribute whose "
+            "mechanism estimates a distribution (Square Wave), at the latest step; bound = value, lower or upper "
+            "(the 95% bootstrap interval, on finals).", ca + ["quantile", "bound"], registry=r)
+
     # ------------------------------------------------------------------ helpers
     def per_value(self, k: int) -> bool:
         """Whether the frequencies of an attribute of domain size ``k`` are exported value by value."""

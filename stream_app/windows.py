@@ -98,9 +98,13 @@ import logging
 import math
 import time
 import uuid
+import zlib
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Protocol
 
+import numpy as np
+
+from estimators.numeric.protocol import QUANTILES
 from estimators.poisoning import detection_score, detection_threshold
 from wire.campaign import Attribute, Campaign
 from wire.estimates import SCHEMA_VERSION, STATUS_INSUFFICIENT, STATUS_OK
@@ -179,6 +183,7 @@ def build_estimate(campaign: Campaign, attr: Attribute, t: int, state: StepState
     (``incomplete``: why); ``fence``: the fencing token of the lease holder that published it; ``clock``:
     ``"wall"`` for a wall-clock step of the HTTP ingest, ``"logical"`` for a fleet's numbered step."""
     proto = attr.protocol
+    numeric: dict[str, Any] = {}
     counted = int(state["n"])
     n, rejected = counted, int(state.get("rejected") or 0)
     if defended is not None:
@@ -189,6 +194,9 @@ def build_estimate(campaign: Campaign, attr: Attribute, t: int, state: StepState
         freq, freq_ns = defended.frequencies.tolist(), defended.frequencies_norm_sub.tolist()
         var = _finite(defended.variance)
         half = 1.96 * math.sqrt(var) if var is not None else None
+    elif enough and attr.numeric:
+        numeric = numeric_fields(campaign, attr, t, state["counts"], n, final=final)
+        var, half = numeric["mean_variance"], numeric["mean_ci95_halfwidth"]
     elif enough:
         counts = state["counts"]
         freq = proto.estimate(counts, n).tolist()
@@ -227,7 +235,44 @@ def build_estimate(campaign: Campaign, attr: Attribute, t: int, state: StepState
         "worker": worker, "fence": int(fence),
         "clock": "wall" if state.get("wall") else "logical",
         "complete": incomplete is None, "incomplete": incomplete, "expected_n": expected or None,
+        **(_numeric_doc(attr, numeric) if attr.numeric else {"kind": "categorical"}),
     }
+
+
+def _numeric_doc(attr: Attribute, numeric: dict[str, Any]) -> dict[str, Any]:
+    """The numeric fields of an estimate (``docs/estimates.md``, "Numeric attributes"); null when insufficient."""
+    proto = attr.protocol
+    empty = {"mean": None, "mean_variance": None, "mean_ci95_halfwidth": None, "mean_ci95": None,
+             "distribution": None, "quantiles": None}
+    return {"kind": "numeric", "range": [proto.lo, proto.hi], **empty, **numeric}
+
+
+def numeric_fields(campaign: Campaign, attr: Attribute, t: int, counts: Any, n: int, *, final: bool) -> dict[str, Any]:
+    """The mean with its variance and 95% interval and, for Square Wave, the distribution over its grid and the
+    quantiles p50, p90, p99 (with bootstrap intervals on a final; a provisional estimate has the point values
+    only: the bootstrap costs ``B`` EMS runs). The bootstrap is seeded by the step (server-side resampling, not
+    device randomness), so every revision of the same counts publishes the same intervals."""
+    proto = attr.protocol
+    seed = [zlib.crc32(f"{campaign.id}/{attr.name}".encode()), int(t)]
+    est = proto.estimate_step(counts, n, rng=np.random.default_rng(seed)) if final and proto.is_distribution \
+        else None
+    mean = est.mean if est is not None else proto.estimate_mean(counts, n)
+    half = _finite(mean.ci95_halfwidth)
+    out: dict[str, Any] = {
+        "mean": mean.mean, "mean_variance": _finite(mean.variance), "mean_ci95_halfwidth": half,
+        "mean_ci95": [mean.mean - half, mean.mean + half] if half is not None else None}
+    if proto.is_distribution:
+        sw = proto.mechanism
+        dist = est.distribution if est is not None else proto.estimate(counts, n)
+        out["distribution"] = {"grid": sw.grid().tolist(), "probabilities": dist.tolist()}
+        if est is not None:
+            qs = est.quantiles
+        else:
+            point = sw.quantiles(dist, QUANTILES)
+            qs = {q: (float(v), None, None) for q, v in zip(QUANTILES, point)}
+        out["quantiles"] = {f"p{round(q * 100)}": {"value": v, "lower": lo, "upper": hi}
+                            for q, (v, lo, hi) in qs.items()}
+    return out
 
 
 @dataclass
@@ -390,7 +435,8 @@ class Estimator:
         self._stream_high = {}
         for g in (self.metrics.estimated_frequency, self.metrics.step_reports, self.metrics.latest_step,
                   self.metrics.eps_first, self.metrics.eps_inf, self.metrics.eps_longitudinal_worst,
-                  self.metrics.retention_floor, self.metrics.poisoning_score):
+                  self.metrics.retention_floor, self.metrics.poisoning_score, self.metrics.estimated_mean,
+                  self.metrics.estimated_mean_ci95, self.metrics.estimated_quantile):
             g.clear()
 
     # ------------------------------------------------------------------ loop
@@ -749,6 +795,14 @@ class Estimator:
         m.eps_longitudinal_worst.labels(*lab).set(worst if worst is not None else inf)
         if doc.get("poisoning_score") is not None:
             m.poisoning_score.labels(*lab).set(doc["poisoning_score"])
+        if doc.get("mean") is not None:
+            m.estimated_mean.labels(*lab).set(doc["mean"])
+            half = doc["mean_ci95_halfwidth"]
+            m.estimated_mean_ci95.labels(*lab).set(half if half is not None else inf)
+        for name, q in (doc.get("quantiles") or {}).items():
+            for bound in ("value", "lower", "upper"):
+                if q[bound] is not None:
+                    m.estimated_quantile.labels(*lab, name, bound).set(q[bound])
         freq = doc["frequencies"]
         if freq is not None and m.per_value(a.k):  # off by default: k series (stream_app.metrics)
             for j, f in enumerate(freq):

@@ -19,6 +19,13 @@ eps_1 = 1.0
 labels = ["v1.0", ...]       # optional, k labels for dashboards
 defense = "itemset"          # optional poisoning defense of the stream app: "none" (default), "plausibility", "itemset"
 
+[[attributes]]
+name = "session_seconds"     # a numeric metric: its mean (and, for SW, its distribution) per step
+type = "numeric"             # "categorical" (the default) or "numeric"
+range = [0.0, 600.0]         # [lo, hi]: values outside are clipped to the nearest end (the device counts them)
+mechanism = "PM"             # any name of estimators.numeric.MECHANISMS
+eps = 1.0                    # the mechanism's parameters (estimators.numeric.make_numeric keywords)
+
 [[groups]]                   # a multidimensional solution over several attributes, one total budget
 name = "device"              # [A-Za-z0-9_.-]{1,64}
 solution = "ALLOMFREE"       # any name of estimators.SOLUTIONS
@@ -26,6 +33,11 @@ attributes = ["os", "country", "model"]   # declared in [[attributes]] with name
 eps_inf = 2.0                # the solution's parameters (estimators.make_solution keywords)
 eps_1 = 1.0
 ```
+
+A numeric attribute (``type = "numeric"``; ``estimators.numeric``) has a ``range``, a ``mechanism`` and its
+parameters instead of ``k`` and ``protocol``; its protocol is the mechanism behind the protocol contract
+(:class:`estimators.numeric.protocol.NumericProtocol`: one report is one integer code, the support counts are the
+mechanism's exact aggregate). It belongs to no group, has no labels and no poisoning defense.
 
 An attribute of a group has no protocol and no budget of its own: the group's solution spends one
 budget over all its attributes (``estimators.multidim``), so an attribute that declares its own
@@ -105,10 +117,12 @@ import numpy as np
 from estimators.base import FrequencyProtocol
 from estimators.errors import LDPError
 from estimators.multidim import Solution
+from estimators.numeric import MECHANISMS, make_numeric
+from estimators.numeric.protocol import NumericProtocol
 from estimators.registry import make
 from estimators.solution_registry import make_solution
 
-__all__ = ["Attribute", "Campaign", "CampaignError", "DEFENSES", "Group", "DEFAULT_MIN_N", "DEFAULT_RETENTION_SECONDS",
+__all__ = ["ATTRIBUTE_TYPES", "Attribute", "Campaign", "CampaignError", "DEFENSES", "Group", "DEFAULT_MIN_N", "DEFAULT_RETENTION_SECONDS",
            "default_retention_steps", "load_campaigns", "step_at"]
 
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
@@ -146,9 +160,41 @@ class Attribute:
     def label(self, v: int) -> str:
         return self.labels[v] if self.labels else str(v)
 
+    @property
+    def numeric(self) -> bool:
+        """Whether the attribute is a numeric metric (``type = "numeric"``): a mean, not a histogram."""
+        return isinstance(self.protocol, NumericProtocol)
+
 
 #: the poisoning defenses an attribute may name (module doc)
 DEFENSES = ("none", "plausibility", "itemset")
+#: the kinds of attribute (``type``)
+ATTRIBUTE_TYPES = ("categorical", "numeric")
+
+
+def _numeric_attribute(name: str, spec: dict[str, Any], labels: tuple[str, ...], defense: Any) -> Attribute:
+    """A ``type = "numeric"`` attribute (module doc) from its table without ``name`` and ``type``."""
+    spec = dict(spec)
+    if labels:
+        raise CampaignError(f"attribute {name!r} is numeric: it has no labels")
+    if defense != "none":
+        raise CampaignError(f"attribute {name!r} is numeric: no report-level poisoning defense applies to a "
+                            f"mean (a clipped range bounds what one report can shift); only defense = \"none\"")
+    for key in ("k", "protocol"):
+        if key in spec:
+            raise CampaignError(f"attribute {name!r} is numeric: it has a range and a mechanism, not {key!r}")
+    rng = spec.pop("range", None)
+    if (not isinstance(rng, list) or len(rng) != 2
+            or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in rng)):
+        raise CampaignError(f"attribute {name!r} needs range = [lo, hi] (two numbers), got {rng!r}")
+    mech = spec.pop("mechanism", None)
+    if mech not in MECHANISMS:
+        raise CampaignError(f"attribute {name!r} needs a mechanism, one of {', '.join(MECHANISMS)}; got {mech!r}")
+    try:
+        proto = NumericProtocol(make_numeric(mech, lo=float(rng[0]), hi=float(rng[1]), **spec))
+    except (LDPError, TypeError) as exc:
+        raise CampaignError(f"attribute {name!r}: {exc}") from exc
+    return Attribute(name, proto.k, proto)
 
 
 def _check_defense(name: str, proto: FrequencyProtocol, defense: Any) -> str:
@@ -304,6 +350,16 @@ class Campaign:
                 raise CampaignError(f"attribute {name!r} is declared twice")
             labels = tuple(str(x) for x in a.pop("labels", ()))
             defense = a.pop("defense", "none")
+            kind = a.pop("type", "categorical")
+            if kind not in ATTRIBUTE_TYPES:
+                raise CampaignError(f"attribute {name!r}: type must be one of {', '.join(ATTRIBUTE_TYPES)}, got "
+                                    f"{kind!r}")
+            if kind == "numeric":
+                if name in member_of:
+                    raise CampaignError(f"attribute {name!r} is numeric: it cannot belong to group "
+                                        f"{member_of[name]!r} (a group's solution reports categorical values)")
+                attrs[name] = _numeric_attribute(name, a, labels, defense)
+                continue
             if name in member_of:
                 if defense != "none":
                     raise CampaignError(f"attribute {name!r} belongs to group {member_of[name]!r}: a group's reports "

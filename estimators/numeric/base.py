@@ -17,15 +17,52 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import math
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar
+
+from dataclasses import dataclass
 
 import numpy as np
 
 from ..base import check_eps
 from ..errors import InvalidReports, LDPError
 
-__all__ = ["NumericMechanism", "eps_of_law", "to_unit", "from_unit"]
+__all__ = ["MeanEstimate", "NumericMechanism", "eps_of_law", "linear_mean", "to_unit", "from_unit"]
+
+#: the normal quantile of a two-sided 95% interval
+Z95 = 1.959963984540054
+
+
+@dataclass(frozen=True)
+class MeanEstimate:
+    """The unbiased mean of a step (metric units) and the estimated variance of that estimate."""
+
+    mean: float
+    variance: float  # of the mean; inf with fewer than two reports
+    n: int
+
+    @property
+    def ci95_halfwidth(self) -> float:
+        """Half-width of the normal 95% interval ``mean ± 1.96 sd``."""
+        return Z95 * math.sqrt(self.variance) if math.isfinite(self.variance) else math.inf
+
+
+def linear_mean(z_sum: int, z_sq_sum: int, n: int, slope: float, intercept: float) -> tuple[float, float]:
+    """``(mean of y, estimated variance of that mean)`` for per-report values ``y = slope z + intercept`` of an
+    integer statistic ``z`` with exact sums ``Σz`` and ``Σz^2`` over ``n`` reports: the sample variance
+    ``(n Σz^2 - (Σz)^2) / (n (n - 1))`` in exact integers, scaled by ``slope^2 / n`` (an unbiased estimate of the
+    variance of the mean of independent reports, plus the spread of the devices' own means: conservative)."""
+    n, zs, zq = int(n), int(z_sum), int(z_sq_sum)
+    if n <= 0:
+        raise LDPError("no report: no mean")
+    mean = slope * (zs / n) + intercept
+    if n < 2:
+        return mean, math.inf
+    spread = n * zq - zs * zs  # exact: Python integers
+    if spread < 0:
+        raise LDPError("inconsistent sums: Σz^2 is below (Σz)^2 / n")
+    return mean, slope * slope * (spread / (n * (n - 1))) / n
 
 
 def to_unit(values: np.ndarray, lo: float, hi: float) -> tuple[np.ndarray, np.ndarray]:
@@ -131,6 +168,35 @@ class NumericMechanism(ABC):
         r = np.frombuffer(blob, dtype=self.report_dtype.newbyteorder("<")).astype(self.report_dtype)
         self.validate_reports(r)
         return r
+
+    # ---------------------------------------------------------------- the store's aggregate
+    @property
+    def support_size(self) -> int:
+        """Length of the aggregate vector the count store keeps per step (:meth:`support`)."""
+        return 1
+
+    @abstractmethod
+    def support(self, reports: np.ndarray) -> np.ndarray:
+        """The aggregate of a batch: ``int64 (support_size,)``, exact integers, additive over disjoint batches (the
+        count store adds them per step exactly once)."""
+
+    @abstractmethod
+    def unit_estimate(self, support: np.ndarray, n: int) -> tuple[float, float]:
+        """``(unbiased unit mean, estimated variance of it)`` from a step's aggregate of ``n`` reports."""
+
+    def check_support(self, support: np.ndarray, n: int) -> np.ndarray:
+        s = np.asarray(support)
+        if s.shape != (self.support_size,):
+            raise LDPError(f"{self.name}: the aggregate has shape ({self.support_size},), got {s.shape}")
+        if int(n) != n or n <= 0:
+            raise LDPError(f"n must be a positive integer, got {n}")
+        return s
+
+    def estimate_from_support(self, support: np.ndarray, n: int) -> MeanEstimate:
+        """The mean (metric units) and its variance from a step's aggregate (:meth:`unit_estimate`, scaled)."""
+        mean, var = self.unit_estimate(self.check_support(support, n), int(n))
+        scale = (self.hi - self.lo) / 2.0
+        return MeanEstimate(float(from_unit(mean, self.lo, self.hi)), float(var * scale * scale), int(n))
 
     @abstractmethod
     def estimate_unit_mean(self, report_sum: float, n: int) -> float:

@@ -34,7 +34,7 @@ from ..errors import InvalidReports, LDPError
 from ..kernels import _noise_slots
 from ..randomness import noise_key
 from ..reference import noise_slots
-from .base import NumericMechanism
+from .base import NumericMechanism, linear_mean
 
 __all__ = ["Duchi", "duchi_randomize", "np_duchi_randomize", "duchi_threshold_low"]
 
@@ -130,6 +130,18 @@ class Duchi(NumericMechanism):
     def unit_outputs(self, reports: np.ndarray) -> np.ndarray:
         """The reports as values of the unit domain (``±B``): what :meth:`output_mass` bins."""
         return np.asarray(reports, dtype=np.float64) * self.B
+
+    def support(self, reports: np.ndarray) -> np.ndarray:
+        """``[reports of +1]`` (int64): the step's aggregate."""
+        self.validate_reports(np.asarray(reports))
+        return np.array([np.count_nonzero(np.asarray(reports) > 0)], dtype=np.int64)
+
+    def unit_estimate(self, support: np.ndarray, n: int) -> tuple[float, float]:
+        """``B (2 n₊ - n) / n`` and the sample variance of ``±B`` over ``n`` (:func:`.base.linear_mean`)."""
+        plus = int(support[0])
+        if not 0 <= plus <= n:
+            raise LDPError(f"Duchi: {plus} reports of +1 among {n}")
+        return linear_mean(plus, plus, n, 2.0 * self.B, -self.B)
 
     def estimate_unit_mean(self, report_sum: float, n: int) -> float:
         if n <= 0:

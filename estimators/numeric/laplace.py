@@ -145,6 +145,17 @@ class Laplace(NumericMechanism):
         """The reports as values of the unit domain (``g × index``): what :meth:`output_mass` bins."""
         return np.asarray(reports, dtype=np.float64) * self.step
 
+    def support(self, reports: np.ndarray) -> np.ndarray:
+        """``[Σ index]`` (int64): the step's aggregate."""
+        self.validate_reports(np.asarray(reports))
+        return np.array([np.sum(reports, dtype=np.int64)], dtype=np.int64)
+
+    def unit_estimate(self, support: np.ndarray, n: int) -> tuple[float, float]:
+        """The mean ``g Σ index / n`` and its variance ``g^2 (1 / (2 sinh^2(λ/2)) + 1/4) / n``: the noise's exact
+        variance plus the rounding's at its largest (``p = 1/2``), so the interval never undercovers."""
+        mean = self.estimate_unit_mean(float(support[0]), n)
+        return mean, self.step ** 2 * (0.5 / math.sinh(self.lam / 2.0) ** 2 + 0.25) / n
+
     def estimate_unit_mean(self, report_sum: float, n: int) -> float:
         if n <= 0:
             raise LDPError("no report: no mean")

@@ -74,7 +74,7 @@ from ..errors import InfeasibleParameters, InvalidReports, LDPError
 from ..memo import MemoState
 from ..randomness import KEY_WORDS, noise_key
 from . import onebit_kernels as obk
-from .base import NumericMechanism
+from .base import NumericMechanism, linear_mean
 
 __all__ = ["OneBitMean"]
 
@@ -214,6 +214,19 @@ class OneBitMean(NumericMechanism):
     def unit_outputs(self, reports: np.ndarray) -> np.ndarray:
         """Each report's unbiased unit estimate ``x̂ = 2 (b - a0) / (a1 s) - 1`` (module doc)."""
         return 2.0 * (np.asarray(reports, dtype=np.float64) - self.a0) / (self.a1 * self.s) - 1.0
+
+    def support(self, reports: np.ndarray) -> np.ndarray:
+        """``[Σ b]`` (int64): the step's aggregate."""
+        self.validate_reports(np.asarray(reports))
+        return np.array([np.sum(reports, dtype=np.int64)], dtype=np.int64)
+
+    def unit_estimate(self, support: np.ndarray, n: int) -> tuple[float, float]:
+        """DKY's estimate (:meth:`estimate_unit_mean`) and the sample variance of ``x̂(b)`` over ``n``."""
+        ones = int(support[0])
+        if not 0 <= ones <= n:
+            raise LDPError(f"1BitMean: {ones} one-bits among {n} reports")
+        slope = 2.0 / (self.a1 * self.s)
+        return linear_mean(ones, ones, n, slope, -slope * self.a0 - 1.0)
 
     def estimate_unit_mean(self, report_sum: float, n: int) -> float:
         """``2 (Σ b / n - a0) / (a1 s) - 1``: DKY's §2.1 estimator in the unit domain, implemented ``a0, a1``."""

@@ -97,7 +97,7 @@ from ..base import check_eps
 from ..errors import InfeasibleParameters, InvalidReports, LDPError
 from ..randomness import noise_key, rejection_limit
 from . import piecewise_kernels as pk
-from .base import NumericMechanism, from_unit, to_unit
+from .base import NumericMechanism, from_unit, linear_mean, to_unit
 
 __all__ = ["PM", "HM", "PiecewiseMultidim", "EPS_STAR", "hm_alpha", "kofd_k", "pm_paper_variance",
            "duchi_paper_variance"]
@@ -260,6 +260,19 @@ class PM(NumericMechanism):
         """What the aggregate sums for :meth:`estimate_unit_mean`: the cell indices (int64, exact)."""
         return np.asarray(reports).astype(np.int64)
 
+    @property
+    def support_size(self) -> int:
+        return 2
+
+    def support(self, reports: np.ndarray) -> np.ndarray:
+        """``[Σ c, Σ c^2]`` of the reports' cells (int64, exact): the step's aggregate."""
+        self.validate_reports(np.asarray(reports))
+        return pk.cell_moments(np.ascontiguousarray(reports))
+
+    def unit_estimate(self, support: np.ndarray, n: int) -> tuple[float, float]:
+        """:meth:`estimate_unit_mean` and the sample variance of ``x̂(c)`` over ``n`` (:func:`.base.linear_mean`)."""
+        return linear_mean(int(support[0]), int(support[1]), n, 2.0 * self.scale, (1.0 - self.m) * self.scale)
+
     def estimate_unit_mean(self, report_sum: float, n: int) -> float:
         """``(2 Σc / n + 1 - M) / (σ L)`` from the sum of the reports' cell indices (module doc)."""
         if n <= 0:
@@ -375,6 +388,28 @@ class HM(NumericMechanism):
         """What the aggregate sums for :meth:`estimate_unit_mean`: the unbiased values (:meth:`unit_outputs`)."""
         self.validate_reports(np.asarray(reports))
         return self.unit_outputs(reports)
+
+    @property
+    def support_size(self) -> int:
+        return 5
+
+    def support(self, reports: np.ndarray) -> np.ndarray:
+        """``[PM reports, Σ c, Σ c^2 over them, reports of -B, reports of +B]`` (int64, exact): the step's aggregate."""
+        self.validate_reports(np.asarray(reports))
+        return pk.hm_moments(np.ascontiguousarray(reports), np.int64(self.m))
+
+    def unit_estimate(self, support: np.ndarray, n: int) -> tuple[float, float]:
+        """The mean of the per-report unbiased values and their sample variance over ``n``, from the exact sums."""
+        n_pm, c1, c2, minus, plus = (int(v) for v in support)
+        if n_pm + minus + plus != n or min(n_pm, minus, plus) < 0:
+            raise LDPError(f"HM: the aggregate counts {n_pm + minus + plus} reports, not n = {n}")
+        sc, off = self.pm.scale, 1 - self.m
+        s1 = sc * (2 * c1 + off * n_pm) + self.B * (plus - minus)
+        s2 = sc * sc * (4 * c2 + 4 * off * c1 + off * off * n_pm) + self.B ** 2 * (plus + minus)
+        mean = s1 / n
+        if n < 2:
+            return mean, math.inf
+        return mean, max(s2 - s1 * s1 / n, 0.0) / (n - 1) / n
 
     def estimate_unit_mean(self, report_sum: float, n: int) -> float:
         """The mean of the per-report unbiased values; ``report_sum`` is ``Σ unit_outputs`` (:meth:`summands`)."""

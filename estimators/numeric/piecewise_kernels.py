@@ -43,8 +43,8 @@ from ..kernels import _noise_slots  # the batch noise stream's row slots, shared
 from ..randomness import NOISE, NOISE_EXT, stream_word
 from ..reference import Draws, noise_slots
 
-__all__ = ["PM_SLOT", "HM_SLOT", "pm_randomize", "hm_randomize", "kofd_randomize", "np_pm_randomize",
-           "np_hm_randomize", "np_kofd_randomize"]
+__all__ = ["PM_SLOT", "HM_SLOT", "cell_moments", "hm_moments", "pm_randomize", "hm_randomize", "kofd_randomize",
+           "np_cell_moments", "np_hm_moments", "np_pm_randomize", "np_hm_randomize", "np_kofd_randomize"]
 
 PM_SLOT = 1     # words per PM report
 HM_SLOT = 2     # words per HM report: the branch, then PM's word or Duchi's sign
@@ -207,7 +207,54 @@ def kofd_randomize(x, nkey, kk, lims, hm, t_alpha, l, k, a, b, zlim, d_tlo, d_s,
     return idx_out, rep_out
 
 
+# ------------------------------------------------------------------ the server's aggregate
+@nb.njit(cache=True, nogil=True)
+def cell_moments(c):
+    """``[Σ c, Σ c^2]`` of cell indices (int64, exact): PM's aggregate, one pass."""
+    s1 = np.int64(0)
+    s2 = np.int64(0)
+    for i in range(c.shape[0]):
+        v = np.int64(c[i])
+        s1 += v
+        s2 += v * v
+    out = np.empty(2, dtype=np.int64)
+    out[0] = s1
+    out[1] = s2
+    return out
+
+
+@nb.njit(cache=True, nogil=True)
+def hm_moments(c, m):
+    """``[PM reports, Σ c, Σ c^2 over them, codes M (-B), codes M + 1 (+B)]`` (int64): HM's aggregate, one pass."""
+    out = np.zeros(5, dtype=np.int64)
+    for i in range(c.shape[0]):
+        v = np.int64(c[i])
+        if v < m:
+            out[0] += 1
+            out[1] += v
+            out[2] += v * v
+        elif v == m:
+            out[3] += 1
+        else:
+            out[4] += 1
+    return out
+
+
 # ------------------------------------------------------------------ numpy twins
+def np_cell_moments(c: np.ndarray) -> np.ndarray:
+    """Twin of :func:`cell_moments`."""
+    v = np.asarray(c).astype(np.int64)
+    return np.array([v.sum(), (v * v).sum()], dtype=np.int64)
+
+
+def np_hm_moments(c: np.ndarray, m: int) -> np.ndarray:
+    """Twin of :func:`hm_moments`."""
+    v = np.asarray(c).astype(np.int64)
+    pm = v[v < m]
+    return np.array([pm.size, pm.sum(), (pm * pm).sum(), np.count_nonzero(v == m), np.count_nonzero(v > m)],
+                    dtype=np.int64)
+
+
 class _Ext:
     """Each row's draws past its slot (:class:`~estimators.reference.Draws`, one per row, made on first use) and
     the index of its next draw."""

@@ -82,7 +82,7 @@ import numpy as np
 from ..errors import InvalidReports, LDPError
 from ..randomness import noise_key, rejection_limit
 from . import sw_kernels as swk
-from .base import NumericMechanism, from_unit
+from .base import NumericMechanism, from_unit, linear_mean
 
 __all__ = ["SW", "QuantileIntervals", "optimal_b"]
 
@@ -221,6 +221,21 @@ class SW(NumericMechanism):
         """Reports per output cell, ``int64 (d_out,)`` (the aggregate the store keeps)."""
         self.validate_reports(reports)
         return np.bincount(np.asarray(reports), minlength=self.d_out).astype(np.int64)
+
+    @property
+    def support_size(self) -> int:
+        return self.d_out
+
+    def unit_estimate(self, support: np.ndarray, n: int) -> tuple[float, float]:
+        """The unbiased linear mean (:meth:`estimate_unit_mean`) and the sample variance of ``x̂(c)`` over ``n``,
+        from the cell counts (exact integer moments)."""
+        c = np.asarray(support).astype(np.int64)
+        if c.min() < 0 or int(c.sum()) != n:
+            raise LDPError(f"SW: the cell counts sum to {int(c.sum())}, not n = {n}")
+        idx = np.arange(self.d_out, dtype=np.int64)
+        z1, z2 = int(np.dot(idx, c)), int(np.dot(idx * idx, c))
+        slope = 2.0 / (self.slope * self.l)
+        return linear_mean(z1, z2, n, slope, -slope * self.c0 - 1.0)
 
     def unit_outputs(self, reports: np.ndarray) -> np.ndarray:
         """Each report's unbiased estimate ``x̂(c) = 2 (c - c0) / (a L) - 1`` of its unit input (module doc)."""
