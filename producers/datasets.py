@@ -86,8 +86,8 @@ class DriftingMetric:
     """``n`` devices measuring a numeric metric on ``[lo, hi]`` whose population drifts step by step: the
     simulated input of a ``type = "numeric"`` attribute.
 
-    Each device has a baseline (``lo + (hi - lo) Beta(2, 5)``; a fraction ``outliers`` of devices sits past
-    ``hi``, so their values are clipped and counted as clipped); at each step after the first a device redraws
+    Each device has a baseline (``lo + 0.8 (hi - lo) Beta(2, 5)``, so the peak of the drift stays inside the range;
+    a fraction ``outliers`` of devices sits past ``hi``, so their values are clipped and counted as clipped); at each step after the first a device redraws
     its baseline with probability ``p_change`` (the Syn model's churn), and every value is its baseline times
     the population's drift ``1 + 0.25 sin(2 pi t / period)`` (a daily cycle of ``period`` steps): the mean moves
     step by step. ``values`` holds the baselines (the state a resumed fleet restores); :meth:`step` returns the
@@ -98,7 +98,7 @@ class DriftingMetric:
     hi: float
     p_change: float = 0.25
     period: int = 12
-    outliers: float = 0.01
+    outliers: float = 0.005
     rng: np.random.Generator = field(default_factory=np.random.default_rng)
 
     def __post_init__(self) -> None:
@@ -110,7 +110,7 @@ class DriftingMetric:
         self.t = -1
 
     def _draw(self, size: int) -> np.ndarray:
-        base = self.lo + (self.hi - self.lo) * self.rng.beta(2.0, 5.0, size)
+        base = self.lo + 0.8 * (self.hi - self.lo) * self.rng.beta(2.0, 5.0, size)
         out = self.rng.random(size) < self.outliers
         base[out] = self.hi + (self.hi - self.lo) * self.rng.random(int(out.sum()))
         return base

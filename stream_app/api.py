@@ -60,6 +60,8 @@ def campaign_doc(c: Campaign) -> dict[str, Any]:
             "eps_inf": num(a.protocol.eps_inf), "eps_longitudinal_bound": num(a.protocol.worst_case_loss),
             "memo_size": a.protocol.memo_size, "domain_size": a.protocol.domain_size,
             "labels": list(a.labels) if a.labels else None,
+            "type": "numeric" if a.numeric else "categorical",
+            "range": [a.protocol.lo, a.protocol.hi] if a.numeric else None,
         } for a in c.attributes.values()],
     }
 

@@ -94,6 +94,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import functools
 import logging
 import math
 import time
@@ -235,16 +236,18 @@ def build_estimate(campaign: Campaign, attr: Attribute, t: int, state: StepState
         "worker": worker, "fence": int(fence),
         "clock": "wall" if state.get("wall") else "logical",
         "complete": incomplete is None, "incomplete": incomplete, "expected_n": expected or None,
-        **(_numeric_doc(attr, numeric) if attr.numeric else {"kind": "categorical"}),
+        **_numeric_doc(attr, numeric),
     }
 
 
 def _numeric_doc(attr: Attribute, numeric: dict[str, Any]) -> dict[str, Any]:
-    """The numeric fields of an estimate (``docs/estimates.md``, "Numeric attributes"); null when insufficient."""
-    proto = attr.protocol
+    """The numeric fields of an estimate (``docs/estimates.md``, "Numeric attributes"): null for a categorical
+    attribute, and for a numeric one whose step is insufficient."""
     empty = {"mean": None, "mean_variance": None, "mean_ci95_halfwidth": None, "mean_ci95": None,
              "distribution": None, "quantiles": None}
-    return {"kind": "numeric", "range": [proto.lo, proto.hi], **empty, **numeric}
+    if not attr.numeric:
+        return {"kind": "categorical", "range": None, **empty}
+    return {"kind": "numeric", "range": [attr.protocol.lo, attr.protocol.hi], **empty, **numeric}
 
 
 def numeric_fields(campaign: Campaign, attr: Attribute, t: int, counts: Any, n: int, *, final: bool) -> dict[str, Any]:
@@ -587,9 +590,13 @@ class Estimator:
                         continue
                 steps_so_far = st.pruned + await store.count_steps_through(c.id, a.name, t)
                 defended = await self._defended(c, a, t, s, final)
-                doc = build_estimate(c, a, t, s, steps_so_far, final=final, trigger=trigger,
-                                     now=time.time() if now is None else now, closed_ts=cts,
-                                     revision=revision, worker=self.worker_id, fence=self.fence, defended=defended)
+                build = functools.partial(
+                    build_estimate, c, a, t, s, steps_so_far, final=final, trigger=trigger,
+                    now=time.time() if now is None else now, closed_ts=cts, revision=revision,
+                    worker=self.worker_id, fence=self.fence, defended=defended)
+                # a numeric distribution's final bootstraps its quantile intervals (tens of ms): off the event loop
+                doc = await asyncio.to_thread(build) if final and a.numeric and a.protocol.is_distribution \
+                    else build()
                 if await self._emit(c, a, st, doc):
                     docs.append(doc)
                     if final and revision == 0 and defended is not None and defended.rejected > s["rejected"]:

@@ -20,8 +20,10 @@ def campaign() -> Campaign:
 
 def test_demo_campaign_loads(campaign: Campaign) -> None:
     assert campaign.id == "fleet-health"
-    assert set(campaign.attributes) == {"app_version", "crash_minute", "opt_in", "dark_mode", "country", "device_model"}
-    assert campaign.ungrouped == ["app_version", "crash_minute", "opt_in"]
+    assert set(campaign.attributes) == {"app_version", "crash_minute", "opt_in", "session_seconds", "latency_ms",
+                                        "dark_mode", "country", "device_model"}
+    assert campaign.ungrouped == ["app_version", "crash_minute", "opt_in", "session_seconds", "latency_ms"]
+    assert campaign.attribute("session_seconds").numeric and not campaign.attribute("app_version").numeric
     assert campaign.attribute("crash_minute").protocol.name == "LOLOHA"
     assert campaign.attribute("opt_in").label(1) == "yes"
     assert len(campaign.fingerprint) == 16

@@ -369,3 +369,51 @@ def test_the_node_consumer_example_prints_the_current_answers() -> None:
     lines = [json.loads(line) for line in proc.stdout.splitlines()]
     assert lines == [{"t": 7, "revision": 0, "n": 1, "answer": "insufficient"},
                      {"t": 8, "revision": 1, "n": 70, "answer": ok["frequencies"]}]
+
+
+# ---------------------------------------------------------------------------- numeric attributes
+def _numeric_campaign(mechanism: str, **params: Any) -> Campaign:
+    return Campaign.from_dict({"campaign": {"id": "numeric", "time_step_seconds": 3600.0},
+                               "attributes": [{"name": "a", "type": "numeric", "range": [0.0, 100.0],
+                                               "mechanism": mechanism, "eps": 1.0, **params}]})
+
+
+@pytest.mark.parametrize("mechanism, params", [("PM", {}), ("SW", {"d_in": 32, "d_out": 32})])
+@pytest.mark.parametrize("case", ["final", "provisional", "insufficient"])
+def test_numeric_estimates_validate_and_carry_a_mean(mechanism: str, params: dict[str, Any], case: str) -> None:
+    """A numeric attribute's estimate: kind, range, mean ± 95% CI (null frequencies); for Square Wave the
+    distribution and quantiles, with intervals on a final only; all null when insufficient."""
+    c = _numeric_campaign(mechanism, **params)
+    proto = c.attribute("a").protocol
+    n = 5 if case == "insufficient" else 4000
+    values = np.random.default_rng(3).uniform(20.0, 60.0, n)
+    with pytest.warns(Warning):  # the labelled simulation mode
+        reports = proto.randomize(values, np.random.default_rng(4))
+    counts = proto.support(reports).tolist()
+    kw = {"final": False, "trigger": None, "closed_ts": None} if case == "provisional" else {}
+    args: dict[str, Any] = dict(final=True, trigger="watermark", now=12.0, closed_ts=11.5, worker="w-1", fence=3)
+    args.update(kw)
+    doc = json.loads(json.dumps(build_estimate(c, c.attribute("a"), 7, _state(counts) | {"n": n}, 8, **args)))
+    assert _errors("estimate.v1", doc) == []
+    assert doc["kind"] == "numeric" and doc["range"] == [0.0, 100.0] and doc["frequencies"] is None
+    if case == "insufficient":
+        assert doc["status"] == "insufficient" and doc["mean"] is None and doc["quantiles"] is None
+        return
+    est = proto.estimate_mean(np.array(counts), n)
+    assert doc["mean"] == pytest.approx(est.mean) and doc["ci95_halfwidth"] == pytest.approx(est.ci95_halfwidth)
+    assert doc["mean_ci95"] == pytest.approx([est.mean - est.ci95_halfwidth, est.mean + est.ci95_halfwidth])
+    assert abs(doc["mean"] - values.mean()) < 4 * np.sqrt(doc["mean_variance"])
+    if mechanism == "PM":
+        assert doc["distribution"] is None and doc["quantiles"] is None
+        return
+    assert len(doc["distribution"]["grid"]) == len(doc["distribution"]["probabilities"]) == 32
+    assert set(doc["quantiles"]) == {"p50", "p90", "p99"}
+    bounded = [q["lower"] is not None for q in doc["quantiles"].values()]
+    assert all(bounded) if case == "final" else not any(bounded)
+    assert _errors("estimate.v1", doc | {"mean": None}) != []  # an ok numeric estimate without its mean is refused
+
+
+def test_a_categorical_estimate_has_null_numeric_fields() -> None:
+    doc = _doc(_campaign(), [30, 20])
+    assert doc["kind"] == "categorical" and doc["mean"] is None and doc["range"] is None
+    assert _errors("estimate.v1", doc | {"frequencies": None}) != []

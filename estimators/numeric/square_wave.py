@@ -63,7 +63,11 @@ distribution smoothed by a hat of half-width ``1 / (d_in - 1)``.
 quantile's sd ``σ*`` and bias ``β*``; the default interval ``q̂ ± (z σ* + |β*|)`` allows for a bias of
 either sign up to ``|β*|`` (:meth:`SW.quantile_intervals`). The bias-corrected centre ``q̂ - β*`` is not used:
 the replicates come from the smoother ``θ̂``, so ``β*`` misjudges EMS's smoothing bias at ``θ`` (in our
-simulations it recentred the wrong way on fine grids). Measured coverage of the devices' true 0.5 / 0.9 / 0.99
+simulations it recentred the wrong way on fine grids). The default therefore also widens each interval by ``g``,
+the distance between EMS's quantile and that of :data:`EM_REFINE_ITERATIONS` unsmoothed EM steps from ``θ̂``
+(towards the maximum-likelihood estimate, which has no smoothing bias): on the fleet's drifting metric
+(``producers.datasets.DriftingMetric``, ε = 1, d = 64, n = 2·10^4, 40 steps) it took the misses of the
+0.5 / 0.9 / 0.99 quantiles from 3 / 1 / 7 to 0 / 0 / 2. The figures below are without ``g``. Measured coverage of the devices' true 0.5 / 0.9 / 0.99
 quantiles (ε = 1, n = 10^4, B = 50): Beta(2, 5), d = 1024: 0.97 / 0.97 / 0.97 (100 steps); d = 128:
 0.98 / 0.99 / 0.93 (300 steps); d = 64: 0.95 / 0.98 / 0.80. It falls short where EMS's smoothing bias exceeds
 what the bootstrap sees: sharp features on coarse grids (two narrow modes, σ = 0.05, at d = 128: the 0.99
@@ -88,6 +92,8 @@ __all__ = ["SW", "QuantileIntervals", "optimal_b"]
 
 _TWO64 = 1 << 64
 _TWO53 = 1 << 53
+#: unsmoothed EM steps of :meth:`SW.em_refine` (the smoothing-bias term of the quantile intervals)
+EM_REFINE_ITERATIONS = 1000
 MAX_CELLS = 1 << 16  # reports are uint16 cell indices
 
 
@@ -350,6 +356,16 @@ class SW(NumericMechanism):
                 break
         return theta
 
+    def em_refine(self, counts: np.ndarray, theta: np.ndarray, iters: int = EM_REFINE_ITERATIONS) -> np.ndarray:
+        """``iters`` EM steps without the smoothing from ``θ`` (rows), towards the maximum-likelihood estimate:
+        EMS's smoothing bias shows as the distance between the two (:meth:`quantile_intervals`)."""
+        c = np.atleast_2d(np.asarray(counts, dtype=np.float64))
+        th = np.array(np.atleast_2d(theta), dtype=np.float64)
+        for _ in range(int(iters)):
+            th = th * self.adjoint(c / np.maximum(self.forward(th), 1e-300))
+            th /= th.sum(axis=1, keepdims=True)
+        return th
+
     def _check_counts(self, counts: np.ndarray, n: int) -> np.ndarray:
         c = np.asarray(counts)
         if c.shape != (self.d_out,):
@@ -412,8 +428,9 @@ class SW(NumericMechanism):
         count vectors from ``M θ̂``, each reconstructed by EMS, give the bootstrap sd ``σ*`` and bias
         ``β* = mean(q*) - q̂`` of each quantile. ``method``:
 
-        * ``"bias_bounded"`` (default): ``q̂ ± (z σ* + |β*|)``, covering whenever the estimator's bias is at most
-          ``|β*|`` in magnitude, whatever its sign;
+        * ``"bias_bounded"`` (default): ``q̂ ± (z σ* + |β*| + g)``, ``g`` the distance between EMS's quantile and
+          that of :meth:`em_refine` (unsmoothed EM from ``θ̂``): covering whenever the estimator's bias is at most
+          ``|β*| + g`` in magnitude, whatever its sign;
         * ``"bias_aware"``: ``q̂ ± cv(|β*| / σ*) σ*``, ``cv(t)`` the ``level`` quantile of ``|N(t, 1)|``
           (Armstrong & Kolesár, "Simple and Honest Confidence Intervals in Nonparametric Regression",
           Quantitative Economics 2020, §2): narrower, same premise;
@@ -438,7 +455,8 @@ class SW(NumericMechanism):
         qb = self._unit_quantiles(self.ems(boot, tol, max_iter), q)
         sd, bias = qb.std(axis=0, ddof=1), qb.mean(axis=0) - est
         if method == "bias_bounded":
-            half = NormalDist().inv_cdf(0.5 + level / 2.0) * sd + np.abs(bias)
+            gap = np.abs(self._unit_quantiles(self.em_refine(c, theta), q)[0] - est)
+            half = NormalDist().inv_cdf(0.5 + level / 2.0) * sd + np.abs(bias) + gap
             lower, upper = est - half, est + half
         elif method == "bias_aware":
             half = np.array([_folded_normal_quantile(abs(b) / s, level) * s if s > 0 else abs(b)
