@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import shutil
 import signal
 import tempfile
@@ -49,9 +50,13 @@ def _view(campaign: Campaign, truth: dict, finals: dict, header: str, top: int) 
             panels.append(Panel(f"waiting for the first final estimate of {attr} ...", title=attr))
             continue
         t = done[-1]
-        doc, f = finals[(attr, t)], truth[(attr, t)]
-        if doc["frequencies"] is None:  # fewer reports than the campaign's min_n (docs/estimates.md)
+        doc, step = finals[(attr, t)], truth[(attr, t)]
+        f = step["true_frequencies"]
+        if doc["status"] == "insufficient":  # fewer reports than the campaign's min_n (docs/estimates.md)
             panels.append(Panel(f"step {t}: n={doc['n']:,} is below min_n = {doc['min_n']}: no estimate", title=attr))
+            continue
+        if a.numeric:
+            panels.append(_numeric_panel(attr, a, t, doc, step))
             continue
         est, ci = np.asarray(doc["frequencies"]), doc.get("ci95_halfwidth") or 0.0
         sd = np.sqrt(a.protocol.variance_exact(f, doc["n"]))
@@ -66,6 +71,36 @@ def _view(campaign: Campaign, truth: dict, finals: dict, header: str, top: int) 
                    f"{'∞' if worst is None else f'{worst:.3g}'}")
         panels.append(Panel(tab, title=title, title_align="left", subtitle=privacy, subtitle_align="left"))
     return Group(header, *panels)
+
+
+def _numeric_panel(attr: str, a: Any, t: int, doc: dict, step: dict) -> Panel:
+    """A numeric attribute's final: true and estimated mean with its 95% interval, and Square Wave's quantiles."""
+    tab = Table(expand=True, show_edge=False, pad_edge=False)
+    for col in ("statistic", "true", "estimate", "95% interval", "|z| / inside"):
+        tab.add_column(col, justify="left" if col == "statistic" else "right")
+    lo, hi = doc["mean_ci95"]
+    z = abs(doc["mean"] - step["true_mean"]) / math.sqrt(doc["mean_variance"])
+    tab.add_row("mean", f"{step['true_mean']:.2f}", f"{doc['mean']:.2f}", f"[{lo:.2f}, {hi:.2f}]", f"{z:.2f}")
+    for q, band in (doc.get("quantiles") or {}).items():
+        true_q = step["true_quantiles"][q]
+        inside = "yes" if band["lower"] is not None and band["lower"] <= true_q <= band["upper"] else "no"
+        tab.add_row(q, f"{true_q:.2f}", f"{band['value']:.2f}", f"[{band['lower']:.2f}, {band['upper']:.2f}]", inside)
+    title = (f"{attr}  [{a.protocol.name}, {a.protocol.lo:g}..{a.protocol.hi:g}]  step {t}  n={doc['n']:,}  "
+             f"clipped: {step['clipped']:,}")
+    return Panel(tab, title=title, title_align="left", subtitle=f"ε1={doc['eps_1']:.3f} per report",
+                 subtitle_align="left")
+
+
+def _deviation(campaign: Campaign, key: tuple[str, int], doc: dict, step: dict) -> float:
+    """The largest |z| of a final against the truth: each frequency (exact variance) or the mean (its published
+    variance); 0 for an insufficient step."""
+    if doc["status"] == "insufficient":
+        return 0.0
+    if doc.get("kind") == "numeric":
+        return abs(doc["mean"] - step["true_mean"]) / math.sqrt(doc["mean_variance"])
+    f = step["true_frequencies"]
+    sd = np.sqrt(campaign.attribute(key[0]).protocol.variance_exact(f, doc["n"]))
+    return float(np.max(np.abs(np.asarray(doc["frequencies"]) - f) / sd))
 
 
 def run_demo(campaign_path: Path, devices: int, steps: int, workers: int, batch: int, step_seconds: float,
@@ -136,7 +171,7 @@ def _run(run: Path, campaign_path: Path, campaign: Campaign, devices: int, steps
         console.print(f"[bold]dashboard: {dashboard}[/bold] (live: open it in a browser while the demo runs)")
         fleet = Fleet(FleetConfig(campaign, devices, steps, dataset="syn", p_change=0.25, base="zipf",
                                   batch_size=batch, seed=seed))
-        truth: dict[tuple[str, int], np.ndarray] = {}
+        truth: dict[tuple[str, int], dict] = {}  # the fleet's summary of each (attribute, step)
         finals: dict[tuple[str, int], dict] = {}
 
         async def main(live: Live) -> None:
@@ -146,7 +181,7 @@ def _run(run: Path, campaign_path: Path, campaign: Campaign, devices: int, steps
             async def after_step(t: int, summary: FleetSummary) -> None:
                 """Step ``t`` is acknowledged: show the estimates until its finals are in and the step is over."""
                 for attr in campaign.attributes:
-                    truth[(attr, t)] = summary.per_step[(attr, t)]["true_frequencies"]
+                    truth[(attr, t)] = summary.per_step[(attr, t)]
                 sent = summary.reports_sent
                 step_end = time.perf_counter() + step_seconds
                 while time.perf_counter() < step_end or any((a, t) not in finals for a in campaign.attributes):
@@ -172,12 +207,10 @@ def _run(run: Path, campaign_path: Path, campaign: Campaign, devices: int, steps
             finally:
                 _in_loop[0] = False
         _check_interrupted()
-        zmax = max((float(np.max(np.abs(np.asarray(finals[k]["frequencies"]) - truth[k])
-                                 / np.sqrt(campaign.attribute(k[0]).protocol.variance_exact(truth[k], finals[k]["n"]))))
-                    for k in finals if finals[k]["frequencies"] is not None), default=0.0)
+        zmax = max((_deviation(campaign, k, finals[k], truth[k]) for k in finals if k in truth), default=0.0)
         console.print()
         console.print(f"[green]done[/green]: {len(finals)} final estimates, largest deviation {zmax:.2f} standard "
-                      f"deviations of the exact variance")
+                      f"deviations (frequencies: of the exact variance; means: of their published variance)")
         return 0
     except KeyboardInterrupt:
         console.print("\n[yellow]interrupted[/yellow]")

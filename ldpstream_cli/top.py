@@ -129,6 +129,11 @@ def render(snap: Snapshot, values: int = 3, previous: Snapshot | None = None) ->
             if not doc:
                 panels.append(Panel("waiting for the first estimate …", title=head, title_align="left"))
                 continue
+            if doc.get("kind") == "numeric":
+                panels.append(Panel(_numeric_grid(doc, snap.finals.get((c["id"], a["name"]), [])),
+                                    title=f"{c['id']} / {a['name']}  [{a['protocol']}, range "
+                                          f"{a['range'][0]:g}..{a['range'][1]:g}]", title_align="left"))
+                continue
             freq = doc.get("frequencies_norm_sub") or []
             labels = a.get("labels")
             order = sorted(range(len(freq)), key=lambda j: -freq[j])[:values]
@@ -145,6 +150,23 @@ def render(snap: Snapshot, values: int = 3, previous: Snapshot | None = None) ->
                          f"bound {_fmt(doc.get('eps_longitudinal_bound'))} · {len(finals)} final steps")
             panels.append(Panel(grid, title=head, title_align="left"))
     return Group(*panels)
+
+
+def _numeric_grid(doc: dict[str, Any], finals: list[dict[str, Any]]) -> Table:
+    """A numeric attribute's latest estimate: the mean ± 95%, the means of the last finals, the quantiles."""
+    grid = Table.grid(padding=(0, 2))
+    mean = "insufficient" if doc.get("mean") is None else f"mean {doc['mean']:.4g} ±{_fmt(doc.get('mean_ci95_halfwidth'), 4)} (95%)"
+    grid.add_row(f"t={doc['t']} {'final' if doc.get('final') else 'open'}", f"n={doc['n']:,}", mean)
+    means = [d["mean"] for d in finals[-40:] if d.get("mean") is not None]
+    grid.add_row("mean over time", _sparkline(means) if means else "-", f"{len(finals)} final steps")
+    qs = doc.get("quantiles") or {}
+    if qs:
+        grid.add_row("quantiles", "  ".join(f"{q} {b['value']:.4g}" + (f" [{b['lower']:.4g}, {b['upper']:.4g}]"
+                                                                         if b.get("lower") is not None else "")
+                                            for q, b in qs.items()), "")
+    grid.add_row("privacy", f"ε1={_fmt(doc.get('eps_1'))}  ε∞={_fmt(doc.get('eps_inf'))}",
+                 f"worst-case longitudinal ε so far={_fmt(doc.get('eps_longitudinal_worst'))}")
+    return grid
 
 
 def run_top(url: str, interval: float, once: bool, values: int, console: Console) -> int:
