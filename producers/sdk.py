@@ -250,6 +250,15 @@ class DeviceStateError(LDPError):
     missing, or cannot be read: the device refuses to report what it cannot account for."""
 
 
+def _ledger_number(v: Any) -> int | float:
+    """A count, index or last value of the ledger: an int, or a float (a numeric attribute's last measurement)."""
+    if isinstance(v, float):
+        if not math.isfinite(v):
+            raise ValueError(f"a ledger number is not finite: {v}")
+        return v
+    return int(v)
+
+
 def _private_dir(path: Path) -> None:
     """Create the state directory with mode 0700, or tighten an existing one to 0700 (files are 0600)."""
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -622,7 +631,8 @@ class Device:
         path = self._budget_path
         try:
             data = json.loads(path.read_text())
-            out: dict[str, Any] = {key: {str(k): int(v) for k, v in data.get(key, {}).items()} for key in self._LEDGER}
+            out: dict[str, Any] = {key: {str(k): _ledger_number(v) for k, v in data.get(key, {}).items()}
+                                   for key in self._LEDGER}
             out["keyed"] = {str(k): str(v) for k, v in data.get("keyed", {}).items()}
             out["retired"] = {str(k): float(v) for k, v in data.get("retired", {}).items()}
             out["recorded"] = {str(k): float(v) for k, v in data.get("recorded", {}).items()}
@@ -939,13 +949,15 @@ class Device:
 
     def _input(self, attribute: str, value: int | float | str) -> np.ndarray:
         """One value as the protocol's input row: a domain index (categorical) or a float (numeric)."""
-        proto = self._own(attribute)
-        if isinstance(proto, NumericProtocol):
-            v = np.array([self.numeric_value(attribute, value)], dtype=np.float64)  # type: ignore[arg-type]
-            if proto.clipped(v)[0]:
-                self._clipped[attribute] = self._clipped.get(attribute, 0) + 1
-            return v
+        if isinstance(self._own(attribute), NumericProtocol):
+            return np.array([self.numeric_value(attribute, value)], dtype=np.float64)  # type: ignore[arg-type]
         return np.array([self.value_index(attribute, value)], dtype=np.int64)
+
+    def _count_clipped(self, attribute: str, row: np.ndarray) -> None:
+        """Count a numeric value outside the range once its report is made (a refused report counts nothing)."""
+        proto = self._own(attribute)
+        if isinstance(proto, NumericProtocol) and proto.clipped(row)[0]:
+            self._clipped[attribute] = self._clipped.get(attribute, 0) + 1
 
     def randomize(self, attribute: str, value: int | float | str) -> np.ndarray:
         """Randomize one value (reports array of one row), enforcing and recording the budget.
@@ -955,6 +967,11 @@ class Device:
         """
         proto = self._own(attribute)
         row = self._input(attribute, value)
+        reports = self._randomize_row(attribute, proto, row)
+        self._count_clipped(attribute, row)
+        return reports
+
+    def _randomize_row(self, attribute: str, proto: FrequencyProtocol, row: np.ndarray) -> np.ndarray:
         with self._locked():
             self._refresh()
             self._usable(f"a:{attribute}")  # a memo the ledger says reported, missing or foreign: nothing sent

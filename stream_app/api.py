@@ -4,8 +4,9 @@ Routes (JSON unless said otherwise):
 
 * ``GET /`` - the built-in dashboard page (``stream_app/static``: plain SVG drawn by ``GET /dashboard.js`` from
   this API and ``/metrics``, polled every second; no network beyond the worker): per attribute the latest
-  histogram with its 95% band next to the previous step, the frequencies over time, the privacy figures, and the
-  worker's operations (reports/s, rejections, lag, estimate latency);
+  histogram with its 95% band next to the previous step, the frequencies over time (a numeric attribute: its mean
+  over time with the 95% band, and for Square Wave the latest distribution and the quantiles over time), the
+  privacy figures, and the worker's operations (reports/s, rejections, lag, estimate latency);
 * ``GET /campaigns`` - campaigns, attributes, protocols, privacy parameters, fingerprints;
 * ``GET /estimates/{campaign}/{attribute}`` - the latest estimate (404 before the first);
 * ``GET /estimates/{campaign}/{attribute}/history`` - the final estimates, by ``t``;

@@ -135,7 +135,7 @@ class Metrics:
         self.estimated_quantile = Gauge(
             "ldp_estimated_quantile", "Estimated quantile (metric units; p50, p90, p99) of a numeric attribute whose "
             "mechanism estimates a distribution (Square Wave), at the latest step; bound = value, lower or upper "
-            "(the 95% bootstrap interval, on finals).", ca + ["quantile", "bound"], registry=r)
+            "(the 95% bootstrap interval, on finals).", ca + ["percentile", "bound"], registry=r)
 
     # ------------------------------------------------------------------ helpers
     def per_value(self, k: int) -> bool:

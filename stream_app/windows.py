@@ -94,6 +94,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import contextlib
 import functools
 import logging
 import math
@@ -810,6 +811,9 @@ class Estimator:
             for bound in ("value", "lower", "upper"):
                 if q[bound] is not None:
                     m.estimated_quantile.labels(*lab, name, bound).set(q[bound])
+                else:  # a provisional estimate has no interval: no stale bounds of an older final next to it
+                    with contextlib.suppress(KeyError):
+                        m.estimated_quantile.remove(*lab, name, bound)
         freq = doc["frequencies"]
         if freq is not None and m.per_value(a.k):  # off by default: k series (stream_app.metrics)
             for j, f in enumerate(freq):

@@ -38,6 +38,8 @@ CONTRACT_METRICS = {
     "ldp_estimated_frequency_ratio", "ldp_reports_total", "ldp_step_reports",
     "ldp_rejected_batches_total", "ldp_consumer_lag_messages", "ldp_eps_first", "ldp_eps_inf",
     "ldp_eps_longitudinal_worst", "ldp_estimate_latency_seconds",
+    # numeric attributes (issue 23): the mean with its 95% half-width, Square Wave's quantiles with their bounds
+    "ldp_estimated_mean", "ldp_estimated_mean_ci95_halfwidth", "ldp_estimated_quantile",
 }
 # Series Prometheus itself adds to every scrape (allowed in the dashboard besides ldp_*).
 PROMETHEUS_SERIES = {"up", "scrape_duration_seconds", "scrape_samples_scraped"}
@@ -414,6 +416,70 @@ def test_dashboard_metrics_are_exported(dashboard: dict[str, Any]) -> None:
     assert not not_exported, f"the dashboard queries metrics the app does not export: {not_exported}"
     not_shown = sorted(m for m in CONTRACT_METRICS if not any(_is_exported(u, {m}) for u in used))
     assert not not_shown, f"contract metrics without a panel: {not_shown}"
+
+
+def test_dashboard_numeric_metrics_row(dashboard: dict[str, Any]) -> None:
+    """Issue 23: a "Numeric metrics" row with, per numeric attribute, its mean over time inside the 95% band (two
+    series mean -/+ half-width, Grafana's fillBelowTo between them) and, per Square Wave attribute, p50/p90/p99 with
+    their bootstrap bounds (one band per quantile); both repeat over a variable of the attributes that export them."""
+    panels = _panels(dashboard)
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    (row,) = [p for p in panels if p["type"] == "row" and "Numeric metrics" in p["title"]]
+    below = [p for p in panels if p["type"] != "row" and p["gridPos"]["y"] > row["gridPos"]["y"]
+             and not any(r["type"] == "row" and row["gridPos"]["y"] < r["gridPos"]["y"] < p["gridPos"]["y"]
+                         for r in panels)]
+
+    def fill_pairs(panel: dict[str, Any]) -> dict[str, str]:
+        """series name -> the series its band is filled down to (the fillBelowTo overrides)."""
+        out = {}
+        for o in panel["fieldConfig"]["overrides"]:
+            for prop in o["properties"]:
+                if prop["id"] == "custom.fillBelowTo":
+                    assert o["matcher"]["id"] == "byName", o
+                    out[o["matcher"]["options"]] = prop["value"]
+        return out
+
+    def repeat_var(panel: dict[str, Any], metric: str) -> str:
+        """The panel repeats over a variable listing the attributes with ``metric`` (within $campaign, $attribute)."""
+        name = panel["repeat"]
+        q = variables[name]["query"] if isinstance(variables[name]["query"], str) else variables[name]["query"]["query"]
+        expected = rf'label_values\({metric}\{{campaign="\$campaign", attribute=~"\$attribute"\}},\s*attribute\)'
+        assert re.fullmatch(expected, q), q
+        assert variables[name]["includeAll"] and variables[name]["multi"], name
+        assert f"${name}" in panel["title"], panel["title"]
+        return name
+
+    (mean,) = [p for p in below if "ldp_estimated_mean{" in " ".join(t["expr"] for t in p["targets"])]
+    assert mean["type"] == "timeseries" and "mean over time" in mean["title"].lower(), mean["title"]
+    var = repeat_var(mean, "ldp_estimated_mean")
+    sel = f'{{campaign="$campaign", attribute="${var}"}}'
+    m, h = f"max(ldp_estimated_mean{sel})", f"max(ldp_estimated_mean_ci95_halfwidth{sel})"
+    series = {t["legendFormat"]: re.sub(r"\s+", " ", t["expr"]).strip() for t in mean["targets"]}
+    ((upper, lower),) = fill_pairs(mean).items()
+    assert series[upper] == f"{m} + {h}" and series[lower] == f"{m} - {h}", series
+    assert m in series.values(), series  # and the mean itself
+
+    (quant,) = [p for p in below if "ldp_estimated_quantile" in " ".join(t["expr"] for t in p["targets"])]
+    assert quant["type"] == "timeseries", quant["title"]
+    assert all(q in quant["title"] for q in ("p50", "p90", "p99")), quant["title"]
+    var = repeat_var(quant, "ldp_estimated_quantile")
+    from estimators.numeric.protocol import QUANTILES  # the label values the worker exports: p50, p90, p99
+    from stream_app.metrics import Metrics
+
+    assert set(Metrics().estimated_quantile._labelnames) == {"campaign", "attribute", "percentile", "bound"}
+
+    qs = [f"p{round(q * 100)}" for q in QUANTILES]
+    assert qs == ["p50", "p90", "p99"], qs
+    by_bound = {}
+    for t in quant["targets"]:
+        (bound,) = re.findall(r'bound="(\w+)"', t["expr"])
+        assert f'attribute="${var}"' in t["expr"] and re.search(r"\bby \(percentile\)", t["expr"]), t["expr"]
+        assert "{{percentile}}" in t["legendFormat"], t
+        by_bound[bound] = t["legendFormat"]
+    assert set(by_bound) == {"value", "lower", "upper"}, by_bound
+    # the series each quantile's band joins: the legends of its upper and lower bounds, for p50, p90, p99
+    names = {b: {q: fmt.replace("{{percentile}}", q) for q in qs} for b, fmt in by_bound.items()}
+    assert fill_pairs(quant) == {names["upper"][q]: names["lower"][q] for q in qs}, fill_pairs(quant)
 
 
 # ----------------------------------------------------------------------------- image

@@ -91,3 +91,21 @@ def test_the_drifting_metric_moves_with_its_period_and_clips_its_outliers() -> N
     d = pop.drift(11)
     p = 0.01 * (1.0 - min(max(1.0 / d - 1.0, 0.0), 1.0))
     assert abs(np.mean(v > 100.0) - p) < 4 * np.sqrt(p * (1 - p) / 50_000)
+
+
+def test_a_restarted_device_keeps_its_numeric_last_value_and_a_refused_report_counts_no_clip(tmp_path) -> None:
+    c = _campaign(mechanism="1BitMean", s=4)
+    dev = Device(c, tmp_path / "dev", budget_eps=50.0)
+    dev.report("x", 37.5, t=1)
+    dev.close()
+    again = Device(c, tmp_path / "dev", budget_eps=50.0)
+    assert again.last_values["x"] == 37.5  # a float, not truncated to 37
+    again.report("x", 37.5, t=2)
+    assert again.memoized_count("x") == 1
+    again.close()
+    pm = _campaign()  # memoryless: every report spends eps_first; a budget of one report refuses the second
+    tight = Device(pm, tmp_path / "tight", budget_eps=1.0)
+    tight.report("x", 150.0, t=1)
+    with pytest.raises(Exception, match="budget"):
+        tight.report("x", 150.0, t=2)
+    assert tight.clipped("x") == 1  # the refused report made nothing, counted nothing

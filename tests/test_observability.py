@@ -7,7 +7,10 @@ real broker and Redis. The tests read the pipeline's figures back through Promet
 query of the Grafana dashboard against that Prometheus (each must return data), check the metric names
 with ``promtool check metrics`` and Prometheus's conventions, and load the worker's built-in dashboard page in
 headless Chromium (Debian's ``chromium``), waiting until every chart has data, watching it update while more
-steps stream, and saving a screenshot; ``ldp top --once`` prints the same figures.
+steps stream, and saving a screenshot; ``ldp top --once`` prints the same figures. The campaign has two
+categorical attributes and two numeric ones (issue 23: a Piecewise Mechanism mean, a Square Wave distribution),
+whose means, half-widths and quantiles are read back through Prometheus, the dashboard's "Numeric metrics" panels
+and the page's numeric charts.
 
 Skips (loudly, with the reason) only where the Debian packages cannot be installed (not root, no apt-get); a
 failed apt-get install fails the test with apt's output.
@@ -53,13 +56,31 @@ ROOT = Path(__file__).resolve().parents[1]
 CAMPAIGN = ROOT / "tests" / "data" / "e2e.toml"
 DASHBOARD = ROOT / "deploy" / "grafana" / "dashboards" / "ldp-stream.json"
 DATASOURCES = ROOT / "deploy" / "grafana" / "provisioning" / "datasources" / "prometheus.yml"
-DEVICES, STEPS, RATE = 20_000, 5, 25_000.0  # 200k reports over ~8 s: Prometheus sees the stream flow
+DEVICES, STEPS, RATE = 10_000, 5, 25_000.0  # 4 attributes: 200k reports over ~8 s: Prometheus sees the stream flow
+# Issue 23: numeric attributes beside the campaign's categorical ones (appended to it in the run directory)
+NUMERIC_ATTRIBUTES = """
+[[attributes]]
+name = "session_seconds"
+type = "numeric"
+range = [0.0, 600.0]
+mechanism = "PM"
+eps = 2.0
+
+[[attributes]]
+name = "latency_ms"
+type = "numeric"
+range = [0.0, 1000.0]
+mechanism = "SW"
+eps = 2.0
+d_in = 64
+d_out = 64
+"""
 SCRAPE = 1.0  # seconds between scrapes
 RATE_INTERVAL = "4s"  # Grafana's $__rate_interval: 4 scrape intervals
 WORKER_JOB, INGEST_JOB = "ldp-workers", "ldp-ingest"
 # label names a series of this project may carry (all bounded: no device, token or free text)
 BOUNDED_LABELS = {"campaign", "attribute", "value", "reason", "partition", "trigger", "final", "problem",
-                  "component", "status", "le",
+                  "component", "status", "le", "quantile", "percentile", "bound",
                   "version", "python_version", "numpy_version", "numba_version"}  # ldp_build_info: one per build
 
 
@@ -101,7 +122,9 @@ def pipeline(local_stack, tmp_path_factory, prometheus_bin) -> Iterator[SimpleNa
     run = tmp_path_factory.mktemp("observability")
     info = local_stack.info
     path = unique_campaign_file(CAMPAIGN, run)
+    path.write_text(path.read_text() + NUMERIC_ATTRIBUTES)
     campaign = Campaign.load(path)
+    assert [a.numeric for a in campaign.attributes.values()] == [False, False, True, True]
     app_id = f"obs-{uuid.uuid4().hex[:6]}"
     topics = Topics.with_prefix(f"{app_id}.")
     # per_value_metrics: the dashboard's histogram panels read ldp_estimated_frequency_ratio (off by default)
@@ -171,6 +194,11 @@ def _values(result: list[dict[str, Any]]) -> list[float]:
     return out
 
 
+def _numeric(c: Campaign, *, distribution: bool = False) -> list[str]:
+    """The campaign's numeric attributes (``distribution``: those whose mechanism estimates a distribution, SW)."""
+    return [n for n, a in c.attributes.items() if a.numeric and (a.protocol.is_distribution or not distribution)]
+
+
 def _eventually(prom: PrometheusServer, expr: str, ok, what: str, timeout: float = 30.0) -> list[dict[str, Any]]:
     """Poll the instant query ``expr`` until ``ok(result)`` (Prometheus sees new values one scrape later)."""
     return wait_until(lambda: prom.query(expr), ok, timeout, what, lambda r: json.dumps(r))
@@ -190,21 +218,40 @@ def test_prometheus_reads_back_the_pipeline_figures(pipeline) -> None:
     per_worker = prom.query_range(f"sum by (instance) (rate(ldp_reports_total{{{sel}}}[{RATE_INTERVAL}]))",
                                   pipeline.started, time.time(), SCRAPE)
     assert len(per_worker) == 1 and max(_values(per_worker)) > 0.2 * RATE, per_worker
-    # estimated frequencies: k values per attribute, summing to ~1 (unbiased, raw)
+    # estimated frequencies: k values per categorical attribute, summing to ~1 (unbiased, raw); a numeric one's mean,
+    # its 95% half-width and (Square Wave) its quantiles with their bootstrap bounds: those of the latest final
     for attr, a in c.attributes.items():
         latest = json.loads(_get(f"{pipeline.worker.url}/estimates/{c.id}/{attr}"))
         assert latest["t"] == STEPS - 1 and latest["final"], latest["t"]
-        freq = _eventually(prom, f'ldp_estimated_frequency_ratio{{{sel}, attribute="{attr}"}}',
-                           lambda r, k=a.k: len(r) == k, f"{a.k} frequencies of {attr}")
-        by_value = {s["metric"]["value"]: float(s["value"][1]) for s in freq}
-        assert by_value == pytest.approx({str(j): f for j, f in enumerate(latest["frequencies"])}, rel=1e-12)
+        if a.numeric:
+            got = _eventually(prom, f'{{__name__=~"ldp_estimated_mean|ldp_estimated_mean_ci95_halfwidth", {sel}, '
+                              f'attribute="{attr}"}}', lambda r: len(r) == 2, f"the mean of {attr}")
+            got = {s["metric"]["__name__"]: float(s["value"][1]) for s in got}
+            assert got == pytest.approx({"ldp_estimated_mean": latest["mean"],
+                                         "ldp_estimated_mean_ci95_halfwidth": latest["mean_ci95_halfwidth"]}, rel=1e-12)
+            lo, hi = latest["range"]
+            assert latest["frequencies"] is None and lo <= latest["mean"] <= hi, latest["mean"]
+            quantiles = _eventually(prom, f'ldp_estimated_quantile{{{sel}, attribute="{attr}"}}',
+                                    lambda r, n=9 * a.protocol.is_distribution: len(r) == n, f"the quantiles of {attr}")
+            got = {(s["metric"]["percentile"], s["metric"]["bound"]): float(s["value"][1]) for s in quantiles}
+            want = {(q, b): v for q, bounds in (latest["quantiles"] or {}).items() for b, v in bounds.items()}
+            assert got == pytest.approx(want, rel=1e-12) and set(want) <= {(q, b) for q in ("p50", "p90", "p99")
+                                                                         for b in ("value", "lower", "upper")}
+            assert all(lo <= got[q, "lower"] <= got[q, "value"] <= got[q, "upper"] <= hi for q, _ in want), got
+        else:
+            freq = _eventually(prom, f'ldp_estimated_frequency_ratio{{{sel}, attribute="{attr}"}}',
+                               lambda r, k=a.k: len(r) == k, f"{a.k} frequencies of {attr}")
+            by_value = {s["metric"]["value"]: float(s["value"][1]) for s in freq}
+            assert by_value == pytest.approx({str(j): f for j, f in enumerate(latest["frequencies"])}, rel=1e-12)
         assert prom.value(f'ldp_latest_step{{{sel}, attribute="{attr}"}}') == STEPS - 1
         assert prom.value(f'ldp_step_reports{{{sel}, attribute="{attr}"}}') == DEVICES
         # privacy figures: the campaign's ε1 and ε∞, and the worst-case longitudinal loss within its bound
         assert prom.value(f'ldp_eps_first{{{sel}, attribute="{attr}"}}') == pytest.approx(a.protocol.eps_first)
         assert prom.value(f'ldp_eps_inf{{{sel}, attribute="{attr}"}}') == pytest.approx(a.protocol.eps_inf)
         worst = prom.value(f'ldp_eps_longitudinal_worst{{{sel}, attribute="{attr}"}}')
-        assert worst == pytest.approx(latest["eps_longitudinal_worst"])
+        # null: infinite (a memoryless numeric mechanism's loss after its second report)
+        assert worst == pytest.approx(latest["eps_longitudinal_worst"] if latest["eps_longitudinal_worst"] is not None
+                                      else math.inf)
         assert a.protocol.eps_first <= worst <= a.protocol.worst_case_loss + 1e-9, worst
     # rejections by reason: the one bad batch
     rejected = _eventually(prom, "ldp_rejected_batches_total > 0", lambda r: len(r) == 1, "one rejection reason")
@@ -229,9 +276,22 @@ def test_prometheus_reads_back_the_pipeline_figures(pipeline) -> None:
 
 
 def _grafana_vars(expr: str, campaign: str, attribute: str, range_s: float) -> str:
-    values = {"campaign": campaign, "attribute": attribute, "__rate_interval": RATE_INTERVAL,
-              "__interval": f"{SCRAPE:g}s", "__range": f"{math.ceil(range_s)}s"}
+    # the numeric panels repeat over $numeric or $distribution: one attribute per repetition, as $attribute's row
+    values = {"campaign": campaign, "attribute": attribute, "numeric": attribute, "distribution": attribute,
+              "__rate_interval": RATE_INTERVAL, "__interval": f"{SCRAPE:g}s", "__range": f"{math.ceil(range_s)}s"}
     return re.sub(r"\$\{?([A-Za-z_]\w*)\}?", lambda m: values[m.group(1)], expr)
+
+
+def _panel_attributes(expr: str, c: Campaign) -> list[str]:
+    """The attributes a query is meant to show data for: the numeric ones for $numeric, Square Wave's for
+    $distribution, the categorical ones for the per-value frequencies (a numeric attribute has none), else all."""
+    if "$numeric" in expr:
+        return _numeric(c)
+    if "$distribution" in expr:
+        return _numeric(c, distribution=True)
+    if "ldp_estimated_frequency_ratio" in expr:
+        return [n for n, a in c.attributes.items() if not a.numeric]
+    return list(c.attributes)
 
 
 def test_every_grafana_panel_returns_data(pipeline) -> None:
@@ -240,12 +300,19 @@ def test_every_grafana_panel_returns_data(pipeline) -> None:
     dashboard = json.loads(DASHBOARD.read_text(encoding="utf-8"))
     (datasource,) = yaml.safe_load(DATASOURCES.read_text(encoding="utf-8"))["datasources"]
     panels = [p for top in dashboard["panels"] for p in (top, *top.get("panels", []))]
-    # the variables list this run's campaign and exactly its attributes
+    # the variables list this run's campaign and exactly its attributes (numeric: those with a mean; distribution:
+    # those with quantiles), their queries run as Grafana would with every attribute selected
     variables = {v["name"]: v for v in dashboard["templating"]["list"]}
-    for name in ("campaign", "attribute"):
+    expected = {"campaign": None, "attribute": list(c.attributes), "numeric": _numeric(c),
+                "distribution": _numeric(c, distribution=True)}
+    assert set(variables) == set(expected), sorted(variables)
+    for name, want in expected.items():
         assert variables[name]["datasource"]["uid"] == datasource["uid"]
-    assert c.id in prom.label_values("campaign", "ldp_reports_total")
-    assert set(prom.label_values("attribute", f'ldp_reports_total{{campaign="{c.id}"}}')) == set(c.attributes)
+        q = variables[name]["query"] if isinstance(variables[name]["query"], str) else variables[name]["query"]["query"]
+        match, label = re.fullmatch(r"label_values\((.+),\s*(\w+)\)", q).groups()
+        match = match.replace("$campaign", c.id).replace("$attribute", ".*")
+        got = prom.label_values(label, match)
+        assert (c.id in got) if want is None else sorted(got) == sorted(want), (name, got)
     empty: list[str] = []
     checked = 0
     for panel in panels:
@@ -254,14 +321,14 @@ def test_every_grafana_panel_returns_data(pipeline) -> None:
         assert panel["datasource"] == {"type": "prometheus", "uid": datasource["uid"]}, panel["title"]
         for target in panel["targets"]:
             assert target["datasource"]["uid"] == datasource["uid"], panel["title"]
-            for attr in c.attributes:  # the repeated row (and the attribute filter) once per attribute
+            for attr in _panel_attributes(target["expr"], c):  # a repeated row or panel once per attribute
                 end = time.time()
                 expr = _grafana_vars(target["expr"], c.id, attr, end - pipeline.started)
                 result = prom.query_range(expr, pipeline.started, end, SCRAPE)
                 checked += 1
                 if not _values(result):
                     empty.append(f"{panel['title']!r} {target['refId']} ({attr}): {expr}")
-    assert checked >= 30
+    assert checked >= 40
     assert not empty, "panels without data:\n" + "\n".join(empty)
 
 
@@ -340,8 +407,10 @@ MORE_STEPS = 3  # streamed while the page is open: it must update without a relo
 SCREENSHOT_DIR_ENV = "LDP_SCREENSHOT_DIR"  # also save the screenshot there (docs/ for the README's picture)
 _CHARTS_JS = """[...document.querySelectorAll('figure.chart')].map(f => ({
   id: f.id, chart: f.dataset.chart, attribute: f.dataset.attribute || null, points: Number(f.dataset.points),
-  t: f.dataset.t || null, previousT: f.dataset.previousT || null,
-  legend: f.querySelector('.legend').textContent, marks: f.querySelectorAll('svg rect, svg path').length}))"""
+  t: f.dataset.t || null, previousT: f.dataset.previousT || null, data: Object.assign({}, f.dataset),
+  legend: f.querySelector('.legend').textContent, marks: f.querySelectorAll('svg rect, svg path').length,
+  bands: f.querySelectorAll('svg .bands > *').length,
+  quantileLines: f.querySelectorAll('svg line.quantile').length}))"""
 
 
 @pytest.fixture(scope="module")
@@ -362,7 +431,7 @@ def test_dashboard_page_in_headless_chromium(pipeline, chromium_bin, tmp_path) -
         browser.wait_for("document.body.dataset.ready === 'true'", 60.0, "every chart has data")
         assert not browser.errors, browser.errors
         before = {x["id"]: x for x in browser.evaluate(_CHARTS_JS)}
-        assert {x["t"] for x in before.values() if x["chart"] == "histogram"} == {str(STEPS - 1)}
+        assert {x["t"] for x in before.values() if x["chart"] in ("histogram", "mean")} == {str(STEPS - 1)}
         # live: more steps while the page is open, no reload
         asyncio.run(publish(FleetConfig(c, DEVICES, MORE_STEPS, dataset="syn", p_change=0.25, base="zipf",
                                         batch_size=5_000, seed=13, rate=RATE, first_step=STEPS),
@@ -370,8 +439,12 @@ def test_dashboard_page_in_headless_chromium(pipeline, chromium_bin, tmp_path) -
         browser.wait_for(f"[...document.querySelectorAll('figure[data-chart=histogram]')]"
                          f".every(f => f.dataset.t === '{last}' && f.dataset.previousT === '{last - 1}')",
                          60.0, "the histograms show the new last step next to the previous one")
-        browser.wait_for(f"[...document.querySelectorAll('figure[data-chart=heatmap]')]"
-                         f".every(f => f.dataset.points === '{STEPS + MORE_STEPS}')", 60.0, "every final in the heatmaps")
+        browser.wait_for(f"[...document.querySelectorAll('figure[data-chart=heatmap], figure[data-chart=mean]')]"
+                         f".every(f => f.dataset.points === '{STEPS + MORE_STEPS}')", 60.0,
+                         "every final in the heatmaps and the means over time")
+        browser.wait_for(f"[...document.querySelectorAll('figure[data-chart=mean], figure[data-chart=distribution]')]"
+                         f".every(f => f.dataset.t === '{last}' && f.dataset.final === 'true')", 30.0,
+                         "the numeric charts show the last step's final")
         browser.wait_for("Math.max(...ops.map(s => s.rps)) > 0 && ops[ops.length - 1].lag === 0", 30.0,
                          "reports/s seen during the stream, the lag drained after it")
         charts = browser.evaluate(_CHARTS_JS)
@@ -381,12 +454,40 @@ def test_dashboard_page_in_headless_chromium(pipeline, chromium_bin, tmp_path) -
     for x in charts:
         by_attr.setdefault(x["attribute"] or "", {})[x["chart"]] = x
     assert set(by_attr) == {"", *c.attributes}, sorted(by_attr)
+    finals = STEPS + MORE_STEPS
+    for attr in _numeric(c):  # issue 23: the mean over time in its band; Square Wave's distribution and quantiles
+        a, charts_of = c.attributes[attr], by_attr[attr]
+        latest = json.loads(_get(f"{pipeline.worker.url}/estimates/{c.id}/{attr}"))
+        assert latest["t"] == last and latest["final"], latest["t"]
+        want = {"mean", "privacy"} | ({"distribution", "quantiles"} if a.protocol.is_distribution else set())
+        assert set(charts_of) == want, sorted(charts_of)
+        mean = charts_of["mean"]
+        assert mean["points"] == finals and mean["bands"] >= 1 and "95% band" in mean["legend"], mean
+        assert float(mean["data"]["mean"]) == pytest.approx(latest["mean"], rel=1e-12), mean["data"]
+        assert float(mean["data"]["halfwidth"]) == pytest.approx(latest["mean_ci95_halfwidth"], rel=1e-12)
+        assert mean["points"] > before["mean-" + f"{c.id}-{attr}".replace(".", "_")]["points"]
+        # ε1 and ε∞ per final, the worst case while finite (a memoryless mechanism's is infinite from step 2 on)
+        finite = sum(math.isfinite(a.protocol.longitudinal_bound(s)) for s in range(1, finals + 1))
+        assert charts_of["privacy"]["points"] == 2 * finals + finite, charts_of["privacy"]
+        if a.protocol.is_distribution:
+            dist, quant = charts_of["distribution"], charts_of["quantiles"]
+            grid = latest["distribution"]["grid"]
+            assert dist["points"] == len(grid) and dist["t"] == str(last), dist
+            # a bar per grid point and an interval per quantile, a line at each quantile; the final's figures
+            assert dist["marks"] >= len(grid) + 3 and dist["quantileLines"] == 3, dist
+            assert json.loads(dist["data"]["quantiles"]) == {q: [v["value"], v["lower"], v["upper"]]
+                                                              for q, v in latest["quantiles"].items()}, dist["data"]
+            assert all(f"{q} " in dist["legend"] for q in ("p50", "p90", "p99")) and "[" in dist["legend"], dist
+            assert quant["points"] == 3 * finals and quant["bands"] >= 3, quant  # p50, p90, p99 each in its band
+            assert all(f"{q} (95% interval)" in quant["legend"] for q in ("p50", "p90", "p99")), quant["legend"]
     for attr, a in c.attributes.items():
+        if a.numeric:
+            continue
         hist, heat, priv = (by_attr[attr][k] for k in ("histogram", "heatmap", "privacy"))
         assert hist["points"] == a.k and hist["marks"] >= 2 * a.k, hist  # a bar and a band per value
         assert "previous step" in hist["legend"] and "95% band" in hist["legend"], hist["legend"]
-        assert heat["points"] == STEPS + MORE_STEPS and heat["marks"] >= a.k * (STEPS + MORE_STEPS), heat
-        assert priv["points"] == 3 * (STEPS + MORE_STEPS), priv  # ε1, ε∞ and the worst case per final step
+        assert heat["points"] == finals and heat["marks"] >= a.k * finals, heat
+        assert priv["points"] == 3 * finals, priv  # ε1, ε∞ and the worst case per final step
         assert "worst-case longitudinal" in priv["legend"]
         assert heat["points"] > before["heat-" + f"{c.id}-{attr}".replace(".", "_")]["points"]
     ops = by_attr[""]

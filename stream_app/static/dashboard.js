@@ -1,6 +1,9 @@
 // ldp-stream built-in dashboard: plain SVG charts from the worker's own API (no library, no network beyond
 // this worker). Polls every second: GET campaigns (once), estimates/{c}/{a} and .../history per attribute,
 // metrics (Prometheus text: reports counted, whose increase between polls is reports/s; rejections, lag) and status.
+// Per attribute: a categorical one (its histogram, heatmap and privacy charts) or a numeric one (type "numeric":
+// its mean over time inside the 95% band, and for Square Wave the latest distribution with the quantiles p50, p90,
+// p99 and their intervals, and the quantiles over time; then its privacy chart).
 // Every chart is a <figure data-chart=... data-attribute=... data-points=N>; <body data-ready="true"> once
 // every chart has data (the browser test waits for it).
 'use strict';
@@ -191,6 +194,135 @@ function privacyChart(fig, finals, latest) {
   ], latest ? `bound ${bound === null || bound === undefined ? '∞' : fmt(bound, 2)}` : '', {xfmt: v => 't' + v});
 }
 
+// ------------------------------------------------------------------ numeric attributes
+const QUANTILE_COLORS = {p50: '#3fa34d', p90: '#e8833a', p99: '#c4314b'};
+const qColor = (q, i) => QUANTILE_COLORS[q] || PALETTE[(i + 4) % PALETTE.length];
+const known = x => x !== null && x !== undefined && isFinite(x);
+const num = x => (known(x) && Math.abs(x) < 1e5 ? Number(x).toFixed(1) : fmt(x));  // a value in the attribute's units
+
+// series: [{name, color, points: [[x, y], ...], band: [[x, lower, upper], ...], open: [x, y] | null}]: lines over
+// their filled bands (a lone band point: an error bar); `open`, the provisional latest step, a hollow point after
+function bandChart(fig, series, note, legendItems, opts) {
+  series = series.filter(s => s.points.length || s.open);
+  const pts = series.flatMap(s => s.open ? [...s.points, s.open] : s.points);
+  const svg = reset(fig, pts.length, note);
+  if (!pts.length) return;
+  const ys = [...pts.map(p => p[1]), ...series.flatMap(s => (s.band || []).flatMap(b => [b[1], b[2]]))].filter(known);
+  const xs = pts.map(p => p[0]);
+  let ylo = Math.min(...ys), yhi = Math.max(...ys);
+  const pad = (yhi - ylo) * 0.08 || Math.abs(yhi) * 0.05 || 1;
+  const sc = frame(svg, Math.min(...xs), Math.max(...xs), ylo - pad, yhi + pad, Object.assign({xfmt: v => 't' + v}, opts));
+  const bands = svgEl('g', {class: 'bands'}, svg);
+  for (const s of series) {
+    const band = (s.band || []).filter(b => known(b[1]) && known(b[2]));
+    let run = [];
+    const flush = () => {
+      if (run.length === 1) {
+        const [x, lo, hi] = run[0];
+        svgEl('rect', {x: sc.x(x) - 3, width: 6, y: sc.y(hi), height: Math.max(sc.y(lo) - sc.y(hi), 0.5),
+                       fill: s.bandColor || s.color, 'fill-opacity': 0.3}, bands);
+      } else if (run.length > 1) {
+        const up = run.map((b, i) => (i ? 'L' : 'M') + sc.x(b[0]).toFixed(1) + ',' + sc.y(b[2]).toFixed(1)).join('');
+        const down = run.slice().reverse().map(b => 'L' + sc.x(b[0]).toFixed(1) + ',' + sc.y(b[1]).toFixed(1)).join('');
+        svgEl('path', {d: up + down + 'Z', fill: s.bandColor || s.color, 'fill-opacity': 0.25, stroke: 'none'}, bands);
+      }
+      run = [];
+    };
+    // consecutive steps share a band; a step without an interval (or a gap in t) starts another
+    band.forEach((b, i) => { if (run.length && b[0] !== run[run.length - 1][0] + 1) flush(); run.push(b); });
+    flush();
+  }
+  for (const s of series) {
+    if (s.points.length) {
+      const d = s.points.map((p, i) => (i ? 'L' : 'M') + sc.x(p[0]).toFixed(1) + ',' + sc.y(p[1]).toFixed(1)).join('');
+      svgEl('path', {d, fill: 'none', stroke: s.color, 'stroke-width': 1.8}, svg);
+      if (s.points.length < 40) for (const p of s.points) svgEl('circle', {cx: sc.x(p[0]), cy: sc.y(p[1]), r: 2.2, fill: s.color}, svg);
+    }
+    if (s.open) {
+      const last = s.points[s.points.length - 1];
+      if (last) svgEl('path', {d: `M${sc.x(last[0])},${sc.y(last[1])}L${sc.x(s.open[0])},${sc.y(s.open[1])}`, fill: 'none',
+                               stroke: s.color, 'stroke-width': 1.2, 'stroke-dasharray': '3 2'}, svg);
+      svgEl('circle', {cx: sc.x(s.open[0]), cy: sc.y(s.open[1]), r: 3, fill: '#fff', stroke: s.color, 'stroke-width': 1.5}, svg);
+    }
+  }
+  legend(fig, legendItems || series.map(s => [s.name, s.color]));
+}
+
+// the estimate of a step newer than the last final (`latest` when it is; null else)
+function newer(latest, finals) {
+  const last = finals[finals.length - 1];
+  return latest && latest.status !== 'insufficient' && (!last || latest.t > last.t) ? latest : null;
+}
+
+// finals' means with their 95% intervals (mean_ci95), and the latest step: a point of its own while it is open
+function meanChart(fig, attr, finals, latest) {
+  const ok = finals.filter(d => known(d.mean));
+  const next = newer(latest, ok), shown = next && next.final ? [...ok, next] : ok;
+  const open = next && !next.final && known(next.mean) ? [next.t, next.mean] : null;
+  const band = shown.filter(d => d.mean_ci95).map(d => [d.t, d.mean_ci95[0], d.mean_ci95[1]]);
+  if (open && next.mean_ci95) band.push([next.t, next.mean_ci95[0], next.mean_ci95[1]]);
+  const cur = latest && known(latest.mean) ? latest : null;
+  fig.dataset.t = cur ? String(cur.t) : '';
+  fig.dataset.final = cur ? String(cur.final) : '';
+  fig.dataset.mean = cur ? String(cur.mean) : '';
+  fig.dataset.halfwidth = cur && known(cur.mean_ci95_halfwidth) ? String(cur.mean_ci95_halfwidth) : '';
+  const note = cur ? `t=${cur.t} ${cur.final ? 'final' : 'open'} · ${num(cur.mean)} ± ${num(cur.mean_ci95_halfwidth)}` +
+                     ` · n=${fmt(cur.n)}` : '';
+  const items = [['mean of the finals', PALETTE[0]], ['95% band (mean ± half-width)', '#f0a04b']];
+  if (open) items.push([`open step ${next.t} (provisional)`, PALETTE[0]]);
+  bandChart(fig, [{name: 'mean', color: PALETTE[0], bandColor: '#f0a04b', points: shown.map(d => [d.t, d.mean]), band, open}],
+            note, items);
+}
+
+// Square Wave: the latest estimated distribution over its grid, the quantiles as lines over their 95% intervals
+function distributionChart(fig, attr, latest) {
+  const dist = latest && latest.distribution, qs = Object.entries((latest && latest.quantiles) || {});
+  const grid = dist ? dist.grid : [], prob = dist ? dist.probabilities : [];
+  const svg = reset(fig, grid.length, latest && dist ? `t=${latest.t} ${latest.final ? 'final' : 'open'} · n=${fmt(latest.n)}` : '');
+  fig.dataset.t = latest && dist ? String(latest.t) : '';
+  fig.dataset.final = latest && dist ? String(latest.final) : '';
+  fig.dataset.quantiles = JSON.stringify(Object.fromEntries(qs.map(([q, v]) => [q, [v.value, v.lower, v.upper]])));
+  if (!grid.length) return;
+  const step = grid.length > 1 ? (grid[grid.length - 1] - grid[0]) / (grid.length - 1) : 1;
+  const sc = frame(svg, grid[0] - step / 2, grid[grid.length - 1] + step / 2, 0, Math.max(...prob, 1e-9) * 1.15);
+  const intervals = svgEl('g', {class: 'intervals'}, svg), bars = svgEl('g', {'shape-rendering': 'crispEdges'}, svg);
+  const bw = Math.max(sc.x(grid[0] + step) - sc.x(grid[0]), 0.6);
+  grid.forEach((x, j) => svgEl('rect', {x: sc.x(x) - bw / 2 + bw * 0.06, width: Math.max(bw * 0.88, 0.5), y: sc.y(Math.max(prob[j], 0)),
+                                        height: Math.max(sc.y(0) - sc.y(Math.max(prob[j], 0)), 0), fill: '#2f6fdb', 'fill-opacity': 0.8}, bars));
+  const items = [['probability per grid point', '#2f6fdb']];
+  qs.forEach(([q, v], i) => {
+    const color = qColor(q, i);
+    if (known(v.lower) && known(v.upper)) {
+      svgEl('rect', {x: sc.x(v.lower), width: Math.max(sc.x(v.upper) - sc.x(v.lower), 1), y: sc.o.top, height: sc.H,
+                     fill: color, 'fill-opacity': 0.16}, intervals);
+    }
+    if (known(v.value)) {
+      svgEl('line', {class: 'quantile', x1: sc.x(v.value), x2: sc.x(v.value), y1: sc.o.top, y2: sc.o.top + sc.H, stroke: color,
+                     'stroke-width': 1.6}, svg);
+      svgEl('text', {x: sc.x(v.value) + 2, y: sc.o.top + 9 + 11 * i, fill: color}, svg).textContent = q;
+    }
+    items.push([known(v.lower) && known(v.upper) ? `${q} ${num(v.value)} [${num(v.lower)}, ${num(v.upper)}]`
+                                                 : `${q} ${num(v.value)} (interval at the final)`, color]);
+  });
+  legend(fig, items);
+}
+
+// Square Wave: p50, p90, p99 of the finals over time, each over its 95% bootstrap interval
+function quantilesChart(fig, attr, finals, latest) {
+  const ok = finals.filter(d => d.quantiles), next = newer(latest, ok);
+  const names = Object.keys((ok[ok.length - 1] || next || {}).quantiles || {});
+  const series = names.map((q, i) => {
+    const get = d => d.quantiles && d.quantiles[q];
+    const shown = [...ok, ...(next && next.final && get(next) ? [next] : [])].filter(d => known((get(d) || {}).value));
+    return {name: q, color: qColor(q, i), points: shown.map(d => [d.t, get(d).value]),
+            band: shown.filter(d => known(get(d).lower) && known(get(d).upper)).map(d => [d.t, get(d).lower, get(d).upper]),
+            open: next && !next.final && get(next) && known(get(next).value) ? [next.t, get(next).value] : null};
+  });
+  const last = ok[ok.length - 1];
+  bandChart(fig, series, last ? `finals to t=${last.t}` : '',
+            [...series.map(s => [`${s.name} (95% interval)`, s.color]), ...(series.some(s => s.open) ? [['open step', '#9aa5b1']] : [])]);
+}
+
 // ------------------------------------------------------------------ /metrics
 function parseMetrics(text) {
   const out = {};
@@ -259,18 +391,30 @@ async function poll() {
         const finals = (hist && hist.estimates || []).filter(d => d.final).sort((p, q) => p.t - q.t);
         histories[campaigns.length > 1 ? `${c.id}/${a.name}` : a.name] = finals;
         const key = `${c.id}-${a.name}`.replace(/[^\w-]/g, '_');
+        const numeric = a.type === 'numeric';
+        const dist = numeric && ((a.params && a.params.mechanism === 'SW') || !!(latest && latest.distribution));
         let section = document.getElementById('attr-' + key);
         if (!section) {
-          section = htmlEl('section', {id: 'attr-' + key, 'data-attribute': a.name}, root);
+          section = htmlEl('section', {id: 'attr-' + key, 'data-attribute': a.name, 'data-type': numeric ? 'numeric' : 'categorical'}, root);
           const h = htmlEl('h2', {}, section, `${c.id} / ${a.name}`);
+          const domain = !numeric ? `k=${a.k}` : a.range ? `numeric, range [${Number(a.range[0])}, ${Number(a.range[1])}]` : 'numeric';
           htmlEl('span', {class: 'sub'}, h,
-                 `${a.protocol}, k=${a.k} · ε1=${fmt(a.eps_1, 2)} · ε∞=${fmt(a.eps_inf, 2)} · longitudinal bound ${fmt(a.eps_longitudinal_bound, 2)}`);
-          htmlEl('div', {class: 'row attr'}, section);
+                 `${a.protocol}, ${domain} · ε1=${fmt(a.eps_1, 2)} · ε∞=${fmt(a.eps_inf, 2)} · longitudinal bound ${fmt(a.eps_longitudinal_bound, 2)}`);
+          htmlEl('div', {class: numeric ? (dist ? 'row num dist' : 'row num') : 'row attr'}, section);
         }
         const row = section.querySelector('.row');
-        const previous = latest ? finals.filter(d => d.t < latest.t).pop() : undefined;
-        histogramChart(panel(row, 'hist-' + key, 'Latest histogram, 95% band, previous step', 'histogram', a.name), a, latest, previous);
-        heatmapChart(panel(row, 'heat-' + key, 'Estimated frequencies over time', 'heatmap', a.name), a, finals);
+        if (dist) row.classList.add('dist');
+        if (numeric) {
+          meanChart(panel(row, 'mean-' + key, 'Mean over time, 95% band', 'mean', a.name), a, finals, latest);
+          if (dist) {
+            distributionChart(panel(row, 'dist-' + key, 'Latest distribution, quantiles and their 95% intervals', 'distribution', a.name), a, latest);
+            quantilesChart(panel(row, 'quant-' + key, 'Quantiles p50 / p90 / p99 over time', 'quantiles', a.name), a, finals, latest);
+          }
+        } else {
+          const previous = latest ? finals.filter(d => d.t < latest.t).pop() : undefined;
+          histogramChart(panel(row, 'hist-' + key, 'Latest histogram, 95% band, previous step', 'histogram', a.name), a, latest, previous);
+          heatmapChart(panel(row, 'heat-' + key, 'Estimated frequencies over time', 'heatmap', a.name), a, finals);
+        }
         privacyChart(panel(row, 'priv-' + key, 'Privacy loss over time', 'privacy', a.name), finals, latest);
       }
     }
@@ -279,7 +423,7 @@ async function poll() {
     const ready = !!campaigns && charts.length > 0 && charts.every(f => Number(f.dataset.points) > 0) && ops.length >= 2;
     document.body.dataset.ready = String(ready);
     status.classList.remove('status-bad');
-    status.textContent = `updated ${clock(Date.now() / 1000)} · frequencies after norm-sub · ${(campaigns || []).length} campaign(s)`;
+    status.textContent = `updated ${clock(Date.now() / 1000)} · frequencies after norm-sub · numeric: mean ± 95% · ${(campaigns || []).length} campaign(s)`;
   } catch (err) {
     status.classList.add('status-bad');
     status.textContent = 'error: ' + err;
