@@ -123,6 +123,7 @@ RUN_FIRST = (
     "tests/test_device_sdk_install.py",
     "tests/test_js_client.py",
     "tests/test_device_light.py",
+    "tests/test_numeric_pipeline.py",
     "tests/test_soak.py::test_soak_stops_everything_on_sigterm",
     "tests/test_store_loss.py",
     "tests/test_ingest_service.py",
