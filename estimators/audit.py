@@ -67,6 +67,10 @@ With hit counts ``c1``, ``c2`` out of ``n = trials`` each:
   floored at 0. For several events ``ε̂`` and its interval are those of the event with the
   largest lower bound (selected after the fact: informative, not a confidence statement).
 
+The numeric mechanisms (:mod:`estimators.numeric`) are audited by :mod:`estimators.numeric.audit` with these
+statistics and this result type: events on a discretization of their output, chosen from the exact output law,
+in the first and PRR rounds.
+
 Default trial counts (:data:`DEFAULT_TRIALS`): 1 000 000 reports per input for the first and PRR
 rounds, 200 000 devices per sequence for the longitudinal round (``τ = 16`` reports each, 3.2
 million reports per sequence); ``ldp audit`` with these defaults runs all three rounds over
@@ -772,7 +776,7 @@ def format_results(results: list[AuditResult], skipped: list[SkippedCase] = ()) 
     the tightness, and for the longitudinal round the accounted ``L(m=...)`` and the event.
     """
     def extra(p: dict) -> str:
-        return " ".join(f"{k}={v}" for k, v in p.items() if k not in ("protocol", "k"))
+        return " ".join(f"{k}={v}" for k, v in p.items() if k not in ("protocol", "mechanism", "k"))
 
     def num(x: float, width: int) -> str:
         return f"{'∞':>{width}}" if x == math.inf else f"{x:>{width}.4f}"

@@ -44,11 +44,42 @@ class Workload:
     nbytes: int
 
 
+#: the metric range of a numeric attribute's workload (values uniform on it)
+NUMERIC_RANGE = (0.0, 100.0)
+
+
+def is_numeric(protocol: str) -> bool:
+    """Whether ``protocol`` names a numeric mechanism (:data:`estimators.numeric.MECHANISMS`): its workload is a
+    ``type = "numeric"`` attribute on :data:`NUMERIC_RANGE`, not a categorical one of ``k`` values."""
+    from estimators.numeric import MECHANISMS
+
+    return protocol in MECHANISMS
+
+
+def attribute_spec(protocol: str, k: int, **params) -> dict[str, Any]:
+    """The campaign table of the workload's one attribute ``x``: a categorical attribute of ``k`` values with
+    ``protocol``, or a numeric attribute with the mechanism ``protocol`` (:func:`is_numeric`; ``k`` unused)."""
+    if is_numeric(protocol):
+        return {"name": "x", "type": "numeric", "range": list(NUMERIC_RANGE), "mechanism": protocol, **params}
+    return {"name": "x", "k": k, "protocol": protocol, **params}
+
+
+def report_nbytes(protocol: str, k: int, **params) -> int:
+    """Wire bytes of one report of the workload's attribute (:func:`attribute_spec`)."""
+    from wire.campaign import Campaign
+
+    camp = Campaign.from_dict({"campaign": {"id": "size", "time_step_seconds": 3600.0},
+                               "attributes": [attribute_spec(protocol, k, **params)]})
+    return camp.attribute("x").protocol.report_nbytes
+
+
 def make_workload(protocol: str, k: int, steps: int, reports_per_step: int, batch: int, seed: int = 0,
                   campaign_id: str | None = None, **params) -> Workload:
-    """Randomize ``steps x reports_per_step`` reports (fresh devices) and encode them as envelopes."""
+    """Randomize ``steps x reports_per_step`` reports (fresh devices) and encode them as envelopes: values uniform
+    on ``[0, k)``, or on :data:`NUMERIC_RANGE` for a numeric mechanism (:func:`attribute_spec`)."""
     cid = campaign_id or f"bench-{uuid.uuid4().hex[:8]}"
-    attr = {"name": "x", "k": k, "protocol": protocol, **params}
+    attr = attribute_spec(protocol, k, **params)
+    numeric = is_numeric(protocol)
     campaign = Campaign.from_dict({"campaign": {"id": cid, "time_step_seconds": 3600.0, "lateness_seconds": 3600.0,
                                                 "max_batch_reports": max(batch, 1)},
                                    "attributes": [attr]})
@@ -59,7 +90,7 @@ def make_workload(protocol: str, k: int, steps: int, reports_per_step: int, batc
         batches = []
         for lo in range(0, reports_per_step, batch):
             m = min(batch, reports_per_step - lo)
-            values = rng.integers(0, k, m)
+            values = rng.uniform(*NUMERIC_RANGE, m) if numeric else rng.integers(0, k, m)
             state = proto.new_state(m)  # device keys and noise from the OS CSPRNG, as on real devices
             blob = envelope.pack_reports(campaign, "x", t, proto.randomize(values, state=state),
                                          batch_id=f"bench:{t}:{lo}")

@@ -1,4 +1,4 @@
-"""Compile the numba kernels of every protocol and solution once, into numba's on-disk cache.
+"""Compile the numba kernels of every protocol, numeric mechanism and solution once, into numba's on-disk cache.
 
 A fresh checkout has no compiled kernels: the first process that calls one compiles it (the UE chain kernel
 alone takes about 25 s of CPU), and every process that starts before the cache holds it compiles it again.
@@ -16,7 +16,7 @@ import warnings
 
 import numpy as np
 
-__all__ = ["FAMILIES", "partition", "warm"]
+__all__ = ["FAMILIES", "NUMERIC_FAMILIES", "partition", "plan", "warm"]
 
 #: Protocols grouped by the kernels they compile, with the CPU seconds a cold compile of the group took
 #: (2026-11-26, the 2-core machine: ``docs/benchmarks.md``). A part compiles whole groups, so two parts never
@@ -29,6 +29,16 @@ FAMILIES: tuple[tuple[float, tuple[str, ...]], ...] = (
     (9.9, ("HR", "FHR")),
     (9.5, ("BLH", "OLH", "LOLOHA")),
     (3.1, ("GRR", "L-GRR", "ADP", "L-ADP")),
+)
+
+#: The numeric mechanisms (:data:`estimators.numeric.MECHANISMS`, and ``"k-of-d"``: PM's and HM's k-of-d sampling)
+#: grouped the same way, with the CPU seconds each group adds to a part after its protocols (2026-11-27: 11.4 and
+#: 14.3 s after the second part's protocols, which took 1.18x their seconds above; scaled by it). Not in
+#: :data:`FAMILIES` (the frequency protocols, each once): :func:`plan` puts each group on the part with the least
+#: weight once the protocols' groups are placed, so :func:`partition` is unchanged.
+NUMERIC_FAMILIES: tuple[tuple[float, tuple[str, ...]], ...] = (
+    (9.7, ("PM", "HM", "k-of-d", "Duchi")),
+    (12.1, ("SW", "Laplace", "1BitMean")),
 )
 
 #: The parameter sets each protocol is compiled for: a small domain (8-bit reports) and a wide one with a small
@@ -65,27 +75,70 @@ def _solution(name: str) -> None:
                 sol.estimate(j, counts[j], ns[j])
 
 
-def partition(parts: int) -> list[list[str]]:
-    """The protocols of each of ``parts`` parts: the groups of :data:`FAMILIES`, longest first, each to the part
-    with the least weight so far."""
-    load, out = [0.0] * parts, [[] for _ in range(parts)]
-    for seconds, family in sorted(FAMILIES, key=lambda f: -f[0]):
-        lightest = load.index(min(load))
-        load[lightest] += seconds
-        out[lightest].extend(family)
+#: The parameter sets each numeric mechanism is compiled for (beyond ``eps``, ``lo``, ``hi``): every report dtype
+#: (PM: ``uint16`` up to 16 grid bits, ``uint32`` above); Square Wave on a small grid (the kernels' types do not
+#: depend on its size, and its distribution's EMS and bootstrap run here too).
+_NUMERIC_OPTIONS: dict[str, tuple[dict, ...]] = {"PM": (dict(grid_bits=16), dict(grid_bits=20)),
+                                                 "SW": (dict(d_in=32, d_out=32),)}
+
+
+def _numeric(name: str) -> None:
+    """A numeric mechanism as a campaign attribute's protocol: randomize (both randomness modes; 1BitMean with and
+    without a memo state), the worker's support and mean, and Square Wave's distribution; ``"k-of-d"``: PM's and
+    HM's k-of-d kernels."""
+    from estimators.numeric import make_numeric
+    from estimators.numeric.piecewise import PiecewiseMultidim
+    from estimators.numeric.protocol import NumericProtocol
+    from estimators.warmup import warm_up_protocol
+
+    if name == "k-of-d":
+        for base in ("PM", "HM"):
+            multi = PiecewiseMultidim(4, 5.0, base=base)
+            for rng in (None, np.random.default_rng(0)):
+                multi.attribute_sums(*multi.randomize(np.zeros((64, 4)), rng))
+        return
+    values = np.linspace(-10.0, 110.0, 64)  # both ends clipped
+    for options in _NUMERIC_OPTIONS.get(name, ({},)):
+        proto = NumericProtocol(make_numeric(name, eps=1.0, lo=0.0, hi=100.0, **options))
+        for rng in (None, np.random.default_rng(0)):
+            for state in (None, proto.new_state(64, rng=rng)) if proto.memo_size else (None,):
+                reports = proto.randomize(values, rng, state=state)
+                warm_up_protocol(proto, reports)
+            if proto.is_distribution:
+                proto.estimate_step(proto.support(reports), len(values), rng=np.random.default_rng(0))
+
+
+def plan(parts: int) -> list[tuple[list[str], list[str]]]:
+    """``(protocols, numeric mechanisms)`` of each of ``parts`` parts: the groups of :data:`FAMILIES`, longest first,
+    each to the part with the least weight so far, then those of :data:`NUMERIC_FAMILIES` the same way."""
+    load = [0.0] * parts
+    out: list[tuple[list[str], list[str]]] = [([], []) for _ in range(parts)]
+    for which, families in ((0, FAMILIES), (1, NUMERIC_FAMILIES)):
+        for seconds, family in sorted(families, key=lambda f: -f[0]):
+            lightest = load.index(min(load))
+            load[lightest] += seconds
+            out[lightest][which].extend(family)
     return out
 
 
+def partition(parts: int) -> list[list[str]]:
+    """The protocols of each of ``parts`` parts (:func:`plan`)."""
+    return [protocols for protocols, _ in plan(parts)]
+
+
 def warm(part: int = 0, parts: int = 1) -> list[str]:
-    """Compile the kernels of part ``part`` of :func:`partition` (all of them for one part); the solutions in
-    part 0. Returns the names warmed."""
+    """Compile the kernels of part ``part`` of :func:`plan` (all of them for one part); the solutions in part 0.
+    Returns the names warmed."""
     from estimators.randomness import SimulationWarning
 
-    names = partition(parts)[part]
+    names, numeric = plan(parts)[part]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", SimulationWarning)
         for name in names:
             _protocol(name)
+        for name in numeric:
+            _numeric(name)
+        names = names + numeric
         if part == 0:
             import estimators
 
@@ -104,7 +157,7 @@ def main() -> None:
         parser.error("--part must be in [0, --parts)")
     start = time.monotonic()
     names = warm(args.part, args.parts)
-    print(f"compiled the kernels of {len(names)} protocols/solutions in {time.monotonic() - start:.0f} s")
+    print(f"compiled the kernels of {len(names)} protocols/mechanisms/solutions in {time.monotonic() - start:.0f} s")
 
 
 if __name__ == "__main__":

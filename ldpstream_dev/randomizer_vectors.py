@@ -9,8 +9,15 @@ protocols of :mod:`estimators` and the device ledger of :class:`producers.sdk.De
   randomizer drew (in draw order), the exact report bytes and the memo cells marked after the step;
 * ``solutions``: every multidimensional solution likewise (the keys its device state drew, the sampled
   attribute, the fake inputs, per step the reports of every attribute or ``null``);
+* ``numeric``: every numeric mechanism (:data:`estimators.numeric.MECHANISMS`, behind the protocol contract of
+  :class:`estimators.numeric.protocol.NumericProtocol`) at one or more settings, one device over
+  :data:`NUMERIC_STEPS` (a repeat, a change, a return, a value outside the range: clipped): its parameters and
+  calibrated integers, memo key (1BitMean), per step the value, the unit input it randomized, whether it was
+  clipped, the keys drawn, the exact report bytes, the memo cells (1BitMean) and how many words the report drew
+  past its noise slot (the extension stream: rejection redraws, the exact Laplace sampler);
 * ``ledger``: the device ledger's accounting over a schedule of reports under a budget (reserved and actual
-  loss, the value each report randomized, frozen reports, refusals).
+  loss, the value each report randomized, frozen reports, refusals), on one campaign (:data:`LEDGER_CAMPAIGN`);
+* ``numeric_ledger``: the same with numeric attributes, on their own campaign (:data:`NUMERIC_LEDGER_CAMPAIGN`).
 
 Keys are drawn from a seeded generator (the labelled simulation mode: reproducible, not private) and recorded,
 so a client in any language replays a case by handing its randomizer the recorded keys in order.
@@ -19,30 +26,33 @@ so a client in any language replays a case by handing its randomizer the recorde
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
 from estimators.base import FrequencyProtocol
 from estimators.multidim import MultiState, Solution
-from estimators.randomness import (BITFLIP_BIT, BITFLIP_J, KEY_WORDS, LH_SEED, NOISE, NOISE_EXT, PRR,
-                                   SimulationWarning, np_stream_words)
+from estimators.numeric import make_numeric
+from estimators.numeric.protocol import NumericProtocol
+from estimators.randomness import (BITFLIP_BIT, BITFLIP_J, KEY_WORDS, LH_SEED, NOISE, NOISE_EXT, ONEBIT_ALPHA,
+                                   PRR, SimulationWarning, np_stream_words)
 from estimators.registry import make
 from estimators.solution_registry import make_solution
 
 __all__ = ["VECTORS_PATH", "KeyTape", "key_hex", "key_words", "report_hex", "protocol_case", "solution_case",
-           "ledger_case", "generate", "main"]
+           "numeric_case", "replay_numeric", "numeric_twins", "ledger_case", "generate", "main"]
 
 VECTORS_PATH = Path(__file__).resolve().parent.parent / "tests" / "data" / "randomizer-vectors.json"
 FORMAT = "ldp-stream/randomizer-vectors"
 VERSION = 1
 SEED = 20261126
 DOMAINS = {"PRR": PRR, "NOISE": NOISE, "LH_SEED": LH_SEED, "BITFLIP_J": BITFLIP_J, "BITFLIP_BIT": BITFLIP_BIT,
-           "NOISE_EXT": NOISE_EXT}
+           "NOISE_EXT": NOISE_EXT, "ONEBIT_ALPHA": ONEBIT_ALPHA}
 
 #: value sequences of one device: a repeat, a change, a return (indices are taken modulo k)
 STEPS = (3, 3, 7, 3, 1)
@@ -271,6 +281,187 @@ def replay_solution(case: dict[str, Any]) -> list[dict[str, Any]]:
     return steps
 
 
+# ---------------------------------------------------------------- numeric mechanisms
+#: (case name, mechanism parameters, steps): every numeric mechanism at least once. The steps of a device are a
+#: repeat, a change, a return and a value outside the range (clipped to its nearest end). Draws past a report's
+#: noise slot (its extension stream): "Laplace extension" (46-bit uniforms of the exact sampler: about 40% of its
+#: reports need more than the slot's 128 bits, against 8% at the default grid); "redraws": ε = 43.7 on 16 PM
+#: cells makes the cell masses' total Z about 0.52 × 2^64, so about half of PM's words are redrawn (every usual
+#: setting redraws with probability below 2^-40, and Square Wave's uniform cell below 2^-48: never seen).
+NUMERIC_CASES: list[tuple[str, dict[str, Any]]] = [
+    ("Laplace", {"mechanism": "Laplace", "eps": 1.0, "lo": 0.0, "hi": 600.0, "grid_bits": 12}),
+    ("Laplace grid_bits=4", {"mechanism": "Laplace", "eps": 0.5, "lo": -5.0, "hi": 5.0, "grid_bits": 4}),
+    ("Laplace extension", {"mechanism": "Laplace", "eps": 0.1, "lo": 0.0, "hi": 600.0, "grid_bits": 20}),
+    ("Duchi", {"mechanism": "Duchi", "eps": 1.0, "lo": 0.0, "hi": 600.0}),
+    ("Duchi eps=4", {"mechanism": "Duchi", "eps": 4.0, "lo": -5.0, "hi": 5.0}),
+    ("PM", {"mechanism": "PM", "eps": 1.0, "lo": 0.0, "hi": 600.0, "grid_bits": 16}),
+    ("PM grid_bits=20 (uint32)", {"mechanism": "PM", "eps": 2.0, "lo": -5.0, "hi": 5.0, "grid_bits": 20}),
+    ("PM redraws", {"mechanism": "PM", "eps": 43.7, "lo": 0.0, "hi": 600.0, "grid_bits": 4}),
+    ("HM", {"mechanism": "HM", "eps": 1.0, "lo": 0.0, "hi": 600.0, "grid_bits": 16}),
+    ("HM below eps* (Duchi only)", {"mechanism": "HM", "eps": 0.5, "lo": -5.0, "hi": 5.0, "grid_bits": 12}),
+    ("HM redraws", {"mechanism": "HM", "eps": 43.7, "lo": 0.0, "hi": 600.0, "grid_bits": 4}),
+    ("SW", {"mechanism": "SW", "eps": 1.0, "lo": 0.0, "hi": 600.0, "d_in": 1024, "d_out": 1024}),
+    ("SW d_in=8 d_out=16", {"mechanism": "SW", "eps": 2.0, "lo": -5.0, "hi": 5.0, "d_in": 8, "d_out": 16}),
+    ("1BitMean", {"mechanism": "1BitMean", "eps": 1.0, "lo": 0.0, "hi": 600.0, "s": 16, "gamma": 0.0}),
+    ("1BitMean gamma=0.2", {"mechanism": "1BitMean", "eps": 2.0, "lo": -5.0, "hi": 5.0, "s": 4, "gamma": 0.2}),
+]
+
+#: a device's values over the steps of a numeric case, by range: repeat, change, return, outside the range
+NUMERIC_STEPS: dict[tuple[float, float], tuple[float, ...]] = {
+    (0.0, 600.0): (123.4, 123.4, 480.0, 123.4, 750.0),
+    (-5.0, 5.0): (-1.25, -1.25, 3.5, -1.25, -7.0),
+}
+
+#: the cases that must draw past their noise slot in at least one step (checked when the file is written)
+MUST_EXTEND = ("Laplace extension", "PM redraws", "HM redraws")
+
+#: calibrated figures of each mechanism: (small integers, 64-bit integers written as decimal strings, floats)
+_NUMERIC_DERIVED: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = {
+    "Laplace": (("n_grid",), ("noise_s", "noise_t"), ()),
+    "Duchi": ((), ("t_lo", "s"), ("B",)),
+    "PM": (("m", "k", "l"), ("a", "b", "z"), ()),
+    "HM": (("m", "k", "l"), ("a", "b", "z", "t_alpha", "d_tlo", "d_s"), ("B",)),
+    "SW": (("k", "l"), ("t_near",), ("b",)),
+    "1BitMean": ((), ("t_lo", "step", "g"), ("eps_memo",)),
+}
+
+
+def numeric_derived(proto: NumericProtocol) -> dict[str, Any]:
+    """The calibrated parameters of a numeric mechanism (what a client computes from the campaign): the privacy
+    figures, the integers its kernel compares (decimal strings: they may exceed 2^53) and its float scales."""
+    mech = proto.mechanism
+
+    def get(n: str) -> Any:
+        return getattr(mech.pm, n) if mech.name == "HM" and n in ("k", "l", "a", "b", "z") else getattr(mech, n)
+
+    small, big, floats = _NUMERIC_DERIVED[mech.name]
+    out: dict[str, Any] = {"eps_first": float(proto.eps_first), "eps_inf": float(proto.eps_inf),
+                           "memo_size": int(proto.memo_size)}
+    out.update({n: int(get(n)) for n in small})
+    out.update({n: str(int(get(n))) for n in big})
+    out.update({n: float(get(n)) for n in floats})
+    return out
+
+
+def _twin(name: str):
+    """The numpy twin of the numba kernel ``name``, with the kernel's signature."""
+    from estimators.numeric import duchi, laplace_kernels as lk, onebit_kernels as obk, piecewise_kernels as pk
+    from estimators.numeric import sw_kernels as swk
+    return {
+        "laplace": lambda x, nkey, n_grid, t, s: lk.np_laplace_randomize(x, nkey, int(n_grid), int(t), int(s)),
+        "duchi": lambda x, nkey, t_lo, s: duchi.np_duchi_randomize(x, nkey, int(t_lo), float(s)),
+        "pm": lambda x, nkey, l, k, a, b, zlim, out: pk.np_pm_randomize(x, nkey, int(l), int(k), int(a), int(b),
+                                                                         int(zlim), dtype=out.dtype),
+        "pm_values": lambda v, lo, hi, nkey, l, k, a, b, zlim, out: pk.np_pm_randomize_values(
+            v, float(lo), float(hi), nkey, int(l), int(k), int(a), int(b), int(zlim), dtype=out.dtype),
+        "hm": lambda x, nkey, t_alpha, l, k, a, b, zlim, d_tlo, d_s, out: pk.np_hm_randomize(
+            x, nkey, int(t_alpha), int(l), int(k), int(a), int(b), int(zlim), int(d_tlo), float(d_s)),
+        "sw": swk.np_sw_randomize,
+        "onebit": obk.np_onebit_randomize,
+        "onebit_memo": obk.np_onebit_randomize_memo,
+        "onebit_alpha": obk.np_onebit_alpha,
+    }[name]
+
+
+#: (module, attribute, twin): every numba kernel a numeric mechanism's randomizer calls (a test checks that every
+#: randomizing kernel of these modules is listed, k-of-d's aside: no campaign attribute uses it)
+NUMERIC_KERNELS = (("estimators.numeric.laplace_kernels", "laplace_randomize", "laplace"),
+                   ("estimators.numeric.duchi", "duchi_randomize", "duchi"),
+                   ("estimators.numeric.piecewise_kernels", "pm_randomize", "pm"),
+                   ("estimators.numeric.piecewise_kernels", "pm_randomize_values", "pm_values"),
+                   ("estimators.numeric.piecewise_kernels", "hm_randomize", "hm"),
+                   ("estimators.numeric.sw_kernels", "sw_randomize", "sw"),
+                   ("estimators.numeric.onebit_kernels", "onebit_randomize", "onebit"),
+                   ("estimators.numeric.onebit_kernels", "onebit_randomize_memo", "onebit_memo"),
+                   ("estimators.numeric.onebit_kernels", "onebit_alpha", "onebit_alpha"))
+
+
+@contextlib.contextmanager
+def numeric_twins() -> Iterator[None]:
+    """Every numba kernel of the numeric randomizers replaced by its numpy twin (restored on exit)."""
+    import importlib
+    saved = []
+    try:
+        for module, attr, twin in NUMERIC_KERNELS:
+            mod = importlib.import_module(module)
+            saved.append((mod, attr, getattr(mod, attr)))
+            setattr(mod, attr, _twin(twin))
+        yield
+    finally:
+        for mod, attr, fn in reversed(saved):
+            setattr(mod, attr, fn)
+
+
+def _extension_words(proto: NumericProtocol, value: float, keys: list[str], memo_key: str | None) -> int:
+    """How many words the report drew past its noise slot (its extension stream ``(noise key, NOISE_EXT, 0)``):
+    the report replayed through the numpy twins, counting the draws past the prefix."""
+    from estimators import reference
+
+    calls: list[int] = []
+    original = reference.Draws.__call__
+
+    def counting(self, j):  # type: ignore[no-untyped-def]
+        if j >= self.prefix.shape[0]:
+            calls.append(j)
+        return original(self, j)
+
+    state = None if memo_key is None else proto.new_state(1, KeyTape(replay=[memo_key]))
+    reference.Draws.__call__ = counting  # type: ignore[method-assign]
+    try:
+        with numeric_twins():
+            proto.randomize(np.array([value], dtype=np.float64), KeyTape(replay=keys), state=state)
+    finally:
+        reference.Draws.__call__ = original  # type: ignore[method-assign]
+    return len(calls)
+
+
+def _numeric_proto(params: dict[str, Any]) -> NumericProtocol:
+    p = dict(params)
+    return NumericProtocol(make_numeric(p.pop("mechanism"), **p))
+
+
+def _numeric_step(proto: NumericProtocol, state, value: float, tape: KeyTape, memo_key: str | None) -> dict[str, Any]:
+    row = np.array([value], dtype=np.float64)
+    x, clipped = proto.mechanism.prepare(row)
+    reports = proto.randomize(row, tape, state=state)
+    keys = list(tape.drawn)
+    ext = _extension_words(proto, value, keys, memo_key)  # on a memo state of its own (the draws only)
+    return {"value": float(value), "x": float(x[0]), "clipped": bool(clipped[0]), "keys": keys,
+            "report": report_hex(proto, reports), "ext_words": ext,
+            "memoized": None if state is None else _cells(state.seen[0], proto.memo_size)}
+
+
+def numeric_case(name: str, params: dict[str, Any], seed: int) -> dict[str, Any]:
+    """One device of the numeric mechanism ``params`` over its :data:`NUMERIC_STEPS`."""
+    proto = _numeric_proto(params)
+    tape = KeyTape(seed)
+    state = proto.new_state(1, tape)
+    memo_key = tape.drawn[0] if state is not None else None
+    steps = []
+    for v in NUMERIC_STEPS[(proto.lo, proto.hi)]:
+        tape.drawn = []
+        steps.append(_numeric_step(proto, state, v, tape, memo_key))
+    return {"case": name, "mechanism": proto.name, "params": proto.params(), "fingerprint": proto.fingerprint,
+            "report_dtype": np.dtype(proto.report_dtype).name, "report_shape": list(proto.report_shape),
+            "derived": numeric_derived(proto), "memo_key": memo_key, "steps": steps}
+
+
+def replay_numeric(case: dict[str, Any]) -> list[dict[str, Any]]:
+    """Run a numeric case's recorded keys and values through :mod:`estimators.numeric` again: the steps it gives."""
+    proto = _numeric_proto(case["params"])
+    state = None
+    if case["memo_key"] is not None:
+        state = proto.new_state(1, KeyTape(replay=[case["memo_key"]]))
+    steps = []
+    for step in case["steps"]:
+        tape = KeyTape(replay=step["keys"])
+        steps.append(_numeric_step(proto, state, step["value"], tape, case["memo_key"]))
+        if tape.left:
+            raise AssertionError(f"{case['case']}: the randomizer drew {len(step['keys']) - tape.left} of "
+                                 f"{len(step['keys'])} recorded keys")
+    return steps
+
+
 # ---------------------------------------------------------------- the device ledger
 LEDGER_CAMPAIGN = """\
 [campaign]
@@ -329,17 +520,56 @@ LEDGER_SCHEDULES: list[tuple[str, float | None, list[tuple[str, Any]]]] = [
 ]
 
 
-def ledger_case(name: str, budget: float | None, schedule: list[tuple[str, Any]]) -> dict[str, Any]:
+#: numeric attributes in the ledger: 1BitMean memoizes its rounded points (memo_size = s + 1, each new point
+#: ε_memo), PM spends eps_first per report. The values lie on 1BitMean's points (0, 25, 50, 75, 100: no rounding,
+#: so the figures do not depend on the device's α), 130 and 300 are clipped to the range.
+NUMERIC_LEDGER_CAMPAIGN = """\
+[campaign]
+id = "ledger-numeric"
+time_step_seconds = 60.0
+
+[[attributes]]
+name = "battery"
+type = "numeric"
+range = [0.0, 100.0]
+mechanism = "1BitMean"
+eps = 1.0
+s = 4
+
+[[attributes]]
+name = "latency_ms"
+type = "numeric"
+range = [0.0, 250.0]
+mechanism = "PM"
+eps = 0.5
+
+[[attributes]]
+name = "model"
+k = 6
+protocol = "L-GRR"
+eps_inf = 1.0
+eps_1 = 0.5
+"""
+
+NUMERIC_LEDGER_SCHEDULES: list[tuple[str, float | None, list[tuple[str, Any]]]] = [
+    ("numeric attributes: memoized points, clipping, freezing, refusal", 3.5,
+     [("battery", 25.0), ("battery", 25.0), ("latency_ms", 300.0), ("battery", 50.0), ("latency_ms", 40.0),
+      ("battery", 130.0), ("battery", 0.0), ("battery", 25.0), ("model", 1), ("latency_ms", 12.5)]),
+]
+
+
+def ledger_case(name: str, budget: float | None, schedule: list[tuple[str, Any]],
+                campaign_text: str = LEDGER_CAMPAIGN) -> dict[str, Any]:
     """The device ledger of :class:`producers.sdk.Device` over ``schedule``: after each report, the outcome
     (``reported``, ``frozen`` or ``refused``), the value a memoizing attribute randomized, the reserved and the
-    actual loss (the device's and the scope's) and the memoized count. The figures depend on the schedule and
-    the values only, never on the keys."""
+    actual loss (the device's and the scope's), the memoized count and, for a numeric attribute, how many of
+    its values the device clipped. The figures depend on the schedule and the values only, never on the keys."""
     from producers.sdk import BudgetExceeded, Device
     from wire.campaign import Campaign
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "campaign.toml"
-        path.write_text(LEDGER_CAMPAIGN)
+        path.write_text(campaign_text)
         campaign = Campaign.load(path)
         steps = []
         with Device(campaign, Path(tmp) / "state", budget_eps=budget) as dev:
@@ -351,23 +581,27 @@ def ledger_case(name: str, budget: float | None, schedule: list[tuple[str, Any]]
                         dev.report_group(group, value, t=1)
                         step["outcome"] = "reported"
                     else:
+                        numeric = campaign.attribute(scope).numeric
                         frozen = dev.frozen(scope)
                         before = dev.memoized_count(scope)
                         dev.report(scope, value, t=1)
+                        given = dev.numeric_value(scope, value) if numeric else dev.value_index(scope, value)
                         step["outcome"] = "frozen" if frozen and dev.memoized_count(scope) == before and \
-                            dev.last_value(scope) != dev.value_index(scope, value) else "reported"
+                            dev.last_value(scope) != given else "reported"
                         if campaign.attribute(scope).protocol.memo_size:
                             step["randomized"] = dev.last_value(scope)
                             step["memoized"] = dev.memoized_count(scope)
                 except BudgetExceeded:
                     step["outcome"] = "refused"
+                if group is None and campaign.attribute(scope).numeric:
+                    step["clipped"] = dev.clipped(scope)
                 step["reserved_loss"] = dev.reserved_loss()
                 step["privacy_loss"] = dev.privacy_loss()
                 step["scope_reserved"] = dev.reserved_loss(group=group) if group else dev.reserved_loss(scope)
                 step["scope_loss"] = dev.privacy_loss(group=group) if group else dev.privacy_loss(scope)
                 steps.append(step)
             plan = dev.budget_plan
-    return {"case": name, "campaign": LEDGER_CAMPAIGN, "budget_eps": budget, "budget_plan": plan, "steps": steps}
+    return {"case": name, "campaign": campaign_text, "budget_eps": budget, "budget_plan": plan, "steps": steps}
 
 
 # ---------------------------------------------------------------- the file
@@ -376,7 +610,7 @@ def stream_examples() -> list[dict[str, Any]]:
     out = []
     for i, (dname, domain) in enumerate(DOMAINS.items()):
         key = rng.integers(0, 1 << 32, size=KEY_WORDS, dtype=np.uint32)
-        a = [0, 3, (1 << 32) + 5, 7, 1, 2][i]
+        a = [0, 3, (1 << 32) + 5, 7, 1, 2, 0][i]
         words = np_stream_words(key, domain, [a], 16)[0]
         out.append({"key": key_hex(key), "domain": dname, "domain_word": int(domain), "a": a,
                     "words": [f"{int(w):016x}" for w in words]})
@@ -388,13 +622,21 @@ def generate() -> dict[str, Any]:
         warnings.simplefilter("ignore", SimulationWarning)
         protocols = [protocol_case(n, p, SEED + i) for i, (n, p) in enumerate(PROTOCOL_CASES)]
         solutions = [solution_case(n, p, SEED + 1000 + i) for i, (n, p) in enumerate(SOLUTION_CASES)]
+        numeric = [numeric_case(n, p, SEED + 2000 + i) for i, (n, p) in enumerate(NUMERIC_CASES)]
+    for case in numeric:
+        if case["case"] in MUST_EXTEND and not any(s["ext_words"] for s in case["steps"]):
+            raise AssertionError(f"{case['case']}: no step drew past its noise slot; choose another seed")
     ledger = [ledger_case(n, b, s) for n, b, s in LEDGER_SCHEDULES]
+    numeric_ledger = [ledger_case(n, b, s, NUMERIC_LEDGER_CAMPAIGN) for n, b, s in NUMERIC_LEDGER_SCHEDULES]
     return {"format": FORMAT, "version": VERSION, "command": "python -m ldpstream_dev.randomizer_vectors",
             "keys": "256-bit keys: 64 hex digits, the 32 ChaCha20 key bytes (8 little-endian uint32 words); "
                     "each step lists the keys its randomizer drew, in draw order",
             "reports": "report bytes: the protocol's report array of one device, little-endian "
                        "(the report part of a batch payload; the compact body's section rows)",
-            "streams": stream_examples(), "protocols": protocols, "solutions": solutions, "ledger": ledger}
+            "numeric_values": "numeric cases: value (metric units) -> x = 2 (clip(value, lo, hi) - lo) / (hi - lo) - 1 "
+                              "(float64), the mechanism's input in [-1, 1]",
+            "streams": stream_examples(), "protocols": protocols, "solutions": solutions, "numeric": numeric,
+            "ledger": ledger, "numeric_ledger": numeric_ledger}
 
 
 def dumps(data: dict[str, Any]) -> str:
@@ -408,7 +650,8 @@ def main(argv: list[str] | None = None) -> None:
     data = generate()
     args.out.write_text(dumps(data))
     print(f"wrote {args.out}: {len(data['protocols'])} protocol cases, {len(data['solutions'])} solution cases, "
-          f"{len(data['ledger'])} ledger schedules, {len(data['streams'])} streams")
+          f"{len(data['numeric'])} numeric cases, {len(data['ledger'])} + {len(data['numeric_ledger'])} ledger "
+          f"schedules, {len(data['streams'])} streams")
 
 
 if __name__ == "__main__":

@@ -636,3 +636,23 @@ def test_cli_audit_rounds(monkeypatch: pytest.MonkeyPatch) -> None:
     assert seqs.exit_code == 0 and "0x2,2x1 vs 1x2,3x1" in seqs.output
     mismatch = runner.invoke(app, ["audit", "L-GRR", "--round", "longitudinal", "--seq1", "0,0", "--seq2", "1,2"])
     assert mismatch.exit_code == 2 and "same steps" in mismatch.output
+
+
+def test_cli_audit_numeric_mechanisms(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`ldp audit NAME` audits a numeric mechanism (tests/test_numeric_audit.py): the event on its output."""
+    from typer.testing import CliRunner
+
+    from ldpstream_cli import cli
+    from ldpstream_cli.cli import app
+
+    monkeypatch.setattr(cli.console, "width", 240)
+    runner = CliRunner()
+    ok = runner.invoke(app, ["audit", "Duchi", "--round", "first", "--trials", "20000"])
+    assert ok.exit_code == 0, ok.output
+    assert "Duchi eps=1.0 lo=-1.0 hi=1.0" in ok.output and "x̂ < 2.15625" in ok.output and "ok" in ok.output
+    memo = runner.invoke(app, ["audit", "1BitMean", "--round", "prr", "--gamma", "0.1", "--trials", "20000"])
+    assert memo.exit_code == 0 and "PRR round" in memo.output and "gamma=0.1" in memo.output, memo.output
+    none = runner.invoke(app, ["audit", "PM", "--round", "prr", "--trials", "100"])
+    assert none.exit_code == 2 and "memoizing" in none.output
+    same = runner.invoke(app, ["audit", "SW", "--round", "first", "--x1", "0.5", "--x2", "0.5", "--trials", "100"])
+    assert same.exit_code == 2 and "differ" in same.output

@@ -1,7 +1,7 @@
 """The light device SDK (``clients/python``, package ``ldp_device``): the same reports as the reference for the same
-keys (every protocol, solution and ledger case of ``tests/data/randomizer-vectors.json``), its calibration, labels,
-budget plan, state across restarts, sends and retries, its light import, and one report through a real ingest
-that drops the first answer (counted once).
+keys (every protocol, solution, numeric mechanism and ledger case of ``tests/data/randomizer-vectors.json``), its
+calibration, labels, numeric values (clipped and counted), budget plan, state across restarts, sends and retries,
+its light import, and one report through a real ingest that drops the first answer (counted once).
 
 The module imports ``ldp_device`` from ``clients/python`` (no install needed)."""
 from __future__ import annotations
@@ -28,7 +28,7 @@ import pytest  # noqa: E402
 import ldp_device  # noqa: E402
 from ldp_device import (BudgetExceeded, Campaign, Device, DeviceStateError, IngestError, LDPError,  # noqa: E402
                         from_params, key_tape, make, make_solution)
-from ldp_device.streams import Stream  # noqa: E402
+from ldp_device.streams import NoiseDraws, Stream  # noqa: E402
 
 VECTORS = json.loads((ROOT / "tests" / "data" / "randomizer-vectors.json").read_text())
 DEMO = ROOT / "deploy" / "campaigns" / "demo.toml"
@@ -120,6 +120,71 @@ def test_a_flipped_key_bit_changes_the_report(case):
             assert got != expected
 
 
+@pytest.fixture
+def extension_words(monkeypatch):
+    """Count the words reports draw past their noise slot (``NoiseDraws`` words ``j >= slot``)."""
+    calls: list[int] = []
+    word = NoiseDraws.word
+
+    def counting(self, j):
+        if j >= self.slot:
+            calls.append(j)
+        return word(self, j)
+
+    monkeypatch.setattr(NoiseDraws, "word", counting)
+    return calls
+
+
+@pytest.mark.parametrize("case", VECTORS["numeric"], ids=_ids(VECTORS["numeric"]))
+def test_numeric_vectors_replay_byte_for_byte(case, extension_words):
+    """Every numeric mechanism: parameters, fingerprint, calibrated integers and figures bit for bit, and per step
+    the unit input, the clipping, the keys drawn, the report bytes, the memoized points and the extension words."""
+    mech = from_params(case["params"])
+    assert mech.name == case["mechanism"] and mech.params() == case["params"] and mech.fingerprint == case[
+        "fingerprint"]
+    assert mech.derived() == case["derived"] and case["report_shape"] == []
+    assert mech.report_nbytes == len(bytes.fromhex(case["steps"][0]["report"]))
+    state = None if case["memo_key"] is None else mech.new_state(key_tape([case["memo_key"]]))
+    steps = []
+    for step in case["steps"]:
+        tape = key_tape(step["keys"])
+        extension_words.clear()
+        x, clipped = mech.unit(step["value"]), mech.clipped(step["value"])
+        report = mech.randomize(step["value"], tape, state)
+        assert tape.left() == 0, f"{case['case']}: drew {tape.drawn} of {len(step['keys'])} recorded keys"
+        steps.append({"value": step["value"], "x": x, "clipped": clipped, "keys": step["keys"], "report": report.hex(),
+                      "ext_words": len(extension_words), "memoized": None if state is None else state.cells()})
+    assert steps == case["steps"]
+
+
+def test_numeric_single_shot_1bitmean_is_the_references():
+    """1BitMean without a memo state (a fresh device per report: α, bit and flip from the noise slot)."""
+    import numpy as np
+
+    from estimators.numeric import make_numeric as reference
+    from ldpstream_dev.randomizer_vectors import KeyTape, numeric_twins
+
+    keys = [s["key"] for s in VECTORS["streams"]]
+    for params in ({"eps": 1.0, "lo": 0.0, "hi": 10.0, "s": 8}, {"eps": 2.0, "lo": -1.0, "hi": 1.0, "s": 3,
+                                                                   "gamma": 0.3}):
+        ref, light = reference("1BitMean", **params), ldp_device.make_numeric("1BitMean", **params)
+        for key, v in zip(keys, (0.0, 3.3, 7.9, 10.0, 12.0, -0.5, 5.0)):
+            with numeric_twins():  # the numpy twin of the kernel (replayed by the vectors' tests): no numba load
+                want = ref.randomize(np.array([v]), KeyTape(replay=[key])).tobytes()
+            assert light.randomize(v, key_tape([key])) == want
+
+
+def test_numeric_values_are_checked():
+    mech = ldp_device.make_numeric("PM", eps=1.0, lo=0.0, hi=600.0)
+    for bad in (float("nan"), float("inf"), "3.5", None, True):
+        with pytest.raises(LDPError):
+            mech.randomize(bad, key_tape([VECTORS["streams"][0]["key"]]))
+    with pytest.raises(LDPError, match="unknown numeric mechanism"):
+        ldp_device.make_numeric("Gauss", eps=1.0)
+    with pytest.raises(LDPError, match="grid_bits"):
+        ldp_device.make_numeric("PM", eps=1.0, grid_bits=30)
+
+
 def _solution_state(st) -> dict:
     return {"sampled": st.sampled, "fake": st.fake, "reported": st.reported,
             "memoized": [None if m is None else m.cells() for m in st.memos]}
@@ -162,7 +227,10 @@ def _close(a, b) -> bool:
     return a == b
 
 
-@pytest.mark.parametrize("case", VECTORS["ledger"], ids=_ids(VECTORS["ledger"]))
+LEDGER = VECTORS["ledger"] + VECTORS["numeric_ledger"]
+
+
+@pytest.mark.parametrize("case", LEDGER, ids=_ids(LEDGER))
 def test_ledger_vectors_replay(case, tmp_path):
     """The schedule of ``ldpstream_dev.randomizer_vectors.ledger_case`` on a light Device: outcomes, the values
     randomized (frozen or not), reserved and actual loss, the budget plan's text."""
@@ -178,15 +246,19 @@ def test_ledger_vectors_replay(case, tmp_path):
                     dev.report_group(group, value, t=1)
                     step["outcome"] = "reported"
                 else:
+                    numeric = campaign.attribute(scope).numeric
                     frozen, before = dev.frozen(scope), dev.memoized_count(scope)
                     dev.report(scope, value, t=1)
+                    given = dev.numeric_value(scope, value) if numeric else dev.value_index(scope, value)
                     step["outcome"] = "frozen" if frozen and dev.memoized_count(scope) == before and \
-                        dev.last_value(scope) != dev.value_index(scope, value) else "reported"
+                        dev.last_value(scope) != given else "reported"
                     if campaign.attribute(scope).protocol.memo_size:
                         step["randomized"] = dev.last_value(scope)
                         step["memoized"] = dev.memoized_count(scope)
             except BudgetExceeded:
                 step["outcome"] = "refused"
+            if group is None and campaign.attribute(scope).numeric:
+                step["clipped"] = dev.clipped(scope)
             step["reserved_loss"] = dev.reserved_loss()
             step["privacy_loss"] = dev.privacy_loss()
             step["scope_reserved"] = dev.reserved_loss(group=group) if group else dev.reserved_loss(scope)
@@ -336,6 +408,21 @@ def test_state_survives_a_restart(tmp_path):
         assert json.loads((state / "device.group.json").read_text())["memos"] == group_state["memos"]
 
 
+def test_a_numeric_memo_survives_a_restart_and_freezes_on_its_measurement(tmp_path):
+    """1BitMean's memo (its key: α and the points' bits) and its last measurement (a float) across a restart: past
+    the budget the device freezes on the measurement it last randomized, which rounds to a memoized point."""
+    campaign = Campaign.loads(VECTORS["numeric_ledger"][0]["campaign"])
+    with Device(campaign, tmp_path / "dev", budget_eps=2.5) as dev:
+        first = [dev.report("battery", v, t=1)["payload"] for v in (25.0, 62.5)]
+        assert dev.memoized_count("battery") == 2 and dev.last_value("battery") == 62.5
+    with Device(campaign, tmp_path / "dev", budget_eps=2.5) as again:
+        assert again.last_value("battery") == 62.5 and again.frozen("battery")
+        frozen = again.report("battery", 0.0, t=2)["payload"]  # a new point does not fit: 62.5 again
+        assert frozen == first[1] and again.memoized_count("battery") == 2
+        assert again.report("battery", 25, t=3)["payload"] == first[0] and again.last_value("battery") == 25.0
+        assert again.privacy_loss("battery") <= again.reserved_loss("battery") <= 2.5 + 1e-9
+
+
 def test_lost_memo_state_fails_closed_until_reset(tmp_path):
     campaign = Campaign.load(DEMO)
     with Device(campaign, tmp_path / "dev", budget_eps=20.0) as dev:
@@ -383,7 +470,13 @@ def test_reports_decode_with_the_reference_wire_codecs(tmp_path, ingest):
     server = ingest()
     with Device(Campaign.load(DEMO), tmp_path / "dev", ingest_url=server.url) as dev:
         objs = [dev.report("app_version", 42, t=5), dev.report("crash_minute", 95, t=5),
-                dev.report("opt_in", "no", t=5), *dev.report_group("device", ["off", 39, 249], t=5)]
+                dev.report("opt_in", "no", t=5), *dev.report_group("device", ["off", 39, 249], t=5),
+                dev.report("session_seconds", 312.5, t=5), dev.report("latency_ms", 1500, t=5)]
+        assert dev.clipped("session_seconds") == 0 and dev.clipped("latency_ms") == 1  # 1500 > 1000: clipped
+        for bad in (float("nan"), float("-inf"), "slow", None):
+            with pytest.raises(LDPError, match="numeric attribute 'latency_ms'"):
+                dev.report("latency_ms", bad, t=5)
+        assert dev.clipped("latency_ms") == 1 and dev.privacy_loss("latency_ms") == pytest.approx(1.0)
         for obj in objs:
             got = decode_single_report(obj, {ref.id: ref})
             assert (got.attribute, got.t, len(got.reports)) == (obj["attribute"], 5, 1)

@@ -1,5 +1,6 @@
 """The randomizer vectors (tests/data/randomizer-vectors.json): complete, current, and reproduced byte for byte
-by the numba kernels and by their numpy twins; a one-bit change of a key or an input changes the bytes.
+by the numba kernels and by their numpy twins (the frequency protocols, the solutions and the numeric mechanisms);
+a one-bit change of a key or an input changes the bytes.
 
 The light device SDK (``clients/python``) and the JavaScript client (``clients/js``) replay the same file in
 their own tests."""
@@ -14,6 +15,7 @@ import numpy as np
 import pytest
 
 from estimators import kernels, multidim, reference
+from estimators.numeric import MECHANISMS
 from estimators.randomness import SimulationWarning, np_stream_words
 from estimators.registry import protocols
 from estimators.solution_registry import solutions
@@ -22,6 +24,7 @@ from ldpstream_dev import randomizer_vectors as rv
 VECTORS = json.loads(rv.VECTORS_PATH.read_text())
 PROTOCOL_IDS = [c["case"] for c in VECTORS["protocols"]]
 SOLUTION_IDS = [c["case"] for c in VECTORS["solutions"]]
+NUMERIC_IDS = [c["case"] for c in VECTORS["numeric"]]
 
 #: the kernels a device's randomizer calls, each replaced by its numpy twin in the twin test
 RANDOMIZER_KERNELS = ("grr_chain_randomize", "ue_chain_randomize", "hr_randomize", "fhr_randomize", "lh_encode",
@@ -56,9 +59,16 @@ def test_every_device_protocol_and_solution_has_vectors():
     assert set(protocols()) - covered == set(), "protocols without randomizer vectors"
     covered = {c["params"]["solution"] for c in VECTORS["solutions"]}
     assert set(solutions()) - covered == set(), "solutions without randomizer vectors"
+    covered = {c["params"]["mechanism"] for c in VECTORS["numeric"]}
+    assert set(MECHANISMS) - covered == set(), "numeric mechanisms without randomizer vectors"
+    assert {c["params"]["gamma"] > 0 for c in VECTORS["numeric"] if c["mechanism"] == "1BitMean"} == {True, False}
     assert {s["domain"] for s in VECTORS["streams"]} == set(rv.DOMAINS)
     assert VECTORS["ledger"] and all(c["steps"] for c in VECTORS["ledger"])
     assert {s["outcome"] for c in VECTORS["ledger"] for s in c["steps"]} == {"reported", "frozen", "refused"}
+    assert len({c["campaign"] for c in VECTORS["ledger"]}) == 1  # the clients' fixtures hold that one campaign
+    numeric = [s for c in VECTORS["numeric_ledger"] for s in c["steps"]]
+    assert {s["outcome"] for s in numeric} == {"reported", "frozen", "refused"} and max(s.get("clipped", 0)
+                                                                                          for s in numeric) > 0
 
 
 def test_cases_exercise_memoization_and_change():
@@ -69,6 +79,18 @@ def test_cases_exercise_memoization_and_change():
             assert case["steps"][0]["memoized"] == case["steps"][1]["memoized"], case["case"]
     # the lazy Bernoulli's refinement draws occur in the wide UE cases (one tie per 256 bits)
     assert VECTORS["protocols"][PROTOCOL_IDS.index("OUE k=1000")]["params"]["k"] == 1000
+    for case in VECTORS["numeric"]:
+        values = [s["value"] for s in case["steps"]]
+        lo, hi = case["params"]["lo"], case["params"]["hi"]
+        assert values[0] == values[1] == values[3] != values[2], case["case"]
+        assert [s["clipped"] for s in case["steps"]] == [False] * 4 + [True] and not lo <= values[4] <= hi
+        assert case["steps"][4]["x"] in (-1.0, 1.0)
+        if case["memo_key"] is not None:
+            cells = [s["memoized"] for s in case["steps"]]
+            assert cells[0] == cells[1] and cells[2] == cells[3] != cells[1] and cells[4] != cells[3], case["case"]
+    # the extension stream (the exact Laplace sampler's bits, PM's and HM's rejection redraws) is exercised
+    for name in rv.MUST_EXTEND:
+        assert any(s["ext_words"] for s in VECTORS["numeric"][NUMERIC_IDS.index(name)]["steps"]), name
 
 
 def _same(a, b, where: str = "") -> list[str]:
@@ -127,6 +149,34 @@ def test_numpy_twins_reproduce_solution_vectors(case, numpy_twins):
     assert rv.replay_solution(case) == _expected(case)
 
 
+def test_every_numeric_randomizing_kernel_has_its_twin_in_the_replay():
+    """A randomizing numba kernel added to a numeric mechanism is replaced by its numpy twin in the twin replay."""
+    import importlib
+
+    from numba.core.registry import CPUDispatcher
+
+    listed = {(m, a) for m, a, _ in rv.NUMERIC_KERNELS}
+    found = set()
+    for module in {m for m, _, _ in rv.NUMERIC_KERNELS}:
+        mod = importlib.import_module(module)
+        found |= {(module, n) for n, f in vars(mod).items() if isinstance(f, CPUDispatcher) and not n.startswith("_")
+                  and ("randomize" in n or "alpha" in n) and not n.startswith("kofd")}
+    assert found == listed
+    with rv.numeric_twins():
+        assert not any(isinstance(getattr(importlib.import_module(m), a), CPUDispatcher) for m, a in listed)
+
+
+@pytest.mark.parametrize("case", VECTORS["numeric"], ids=NUMERIC_IDS)
+def test_numba_kernels_reproduce_numeric_vectors(case):
+    assert rv.replay_numeric(case) == _expected(case)
+
+
+@pytest.mark.parametrize("case", VECTORS["numeric"], ids=NUMERIC_IDS)
+def test_numpy_twins_reproduce_numeric_vectors(case):
+    with rv.numeric_twins():
+        assert rv.replay_numeric(case) == _expected(case)
+
+
 def _flip(hex_text: str, bit: int) -> str:
     b = bytearray(bytes.fromhex(hex_text))
     b[bit // 8] ^= 1 << (bit % 8)
@@ -163,3 +213,22 @@ def test_a_replay_that_draws_other_keys_fails():
     case["steps"][0]["keys"].append(case["steps"][0]["keys"][0])
     with pytest.raises(AssertionError, match="drew 1 of 2 recorded keys"):
         rv.replay_protocol(case)
+
+
+@pytest.mark.parametrize("change", ["memo key", "noise key", "value"])
+def test_one_bit_changes_the_expected_numeric_bytes(change):
+    name = "PM" if change != "memo key" else "1BitMean"
+    original = VECTORS["numeric"][NUMERIC_IDS.index(name)]
+    case = copy.deepcopy(original)
+    if change == "memo key":  # another α and other memoized bits: the cells or the bits differ
+        case["memo_key"] = _flip(case["memo_key"], 201)
+        got = rv.replay_numeric(case)
+        assert [(s["report"], s["memoized"]) for s in got] != [(s["report"], s["memoized"]) for s in original["steps"]]
+        return
+    if change == "noise key":
+        case["steps"][2]["keys"][0] = _flip(case["steps"][2]["keys"][0], 7)
+    else:
+        case["steps"][2]["value"] = math.nextafter(case["steps"][2]["value"], math.inf) + 1.0
+    got = [s["report"] for s in rv.replay_numeric(case)]
+    want = [s["report"] for s in original["steps"]]
+    assert [i for i, (a, b) in enumerate(zip(got, want)) if a != b] == [2]

@@ -234,10 +234,17 @@ class PM(NumericMechanism):
 
     # ---------------------------------------------------------------- device side
     def randomize(self, values: np.ndarray, rng: np.random.Generator | None = None) -> np.ndarray:
-        x, _ = self.prepare(values)
-        out = np.empty(x.shape[0], dtype=self.report_dtype)
-        return pk.pm_randomize(np.ascontiguousarray(x), noise_key(rng), np.int64(self.l), np.int64(self.k),
-                               np.uint64(self.a), np.uint64(self.b), self.zlim, out)
+        v = np.asarray(values, dtype=np.float64)
+        if v.ndim != 1:  # not one value per report: the unit inputs' path (and its errors)
+            x, _ = self.prepare(v)
+            out = np.empty(x.shape[0], dtype=self.report_dtype)
+            return pk.pm_randomize(np.ascontiguousarray(x), noise_key(rng), *self.kernel_args(), out)
+        if np.isnan(v).any():
+            raise LDPError("a numeric value is NaN: not a measurement")
+        # the unit mapping (:meth:`prepare`) inside the kernel: the same reports, without its temporary arrays
+        out = np.empty(v.shape[0], dtype=self.report_dtype)
+        return pk.pm_randomize_values(np.ascontiguousarray(v), self.lo, self.hi, noise_key(rng), *self.kernel_args(),
+                                      out)
 
     def kernel_args(self) -> tuple:
         """``(l, k, a, b, zlim)`` as the kernels take them."""

@@ -42,24 +42,39 @@ import numpy as np
 from ..kernels import _noise_slots  # the batch noise stream's row slots, shared with the frequency kernels
 from ..randomness import NOISE, NOISE_EXT, stream_word
 from ..reference import Draws, noise_slots
+from .base import to_unit
 
-__all__ = ["PM_SLOT", "HM_SLOT", "cell_moments", "hm_moments", "pm_randomize", "hm_randomize", "kofd_randomize",
-           "np_cell_moments", "np_hm_moments", "np_pm_randomize", "np_hm_randomize", "np_kofd_randomize"]
+__all__ = ["PM_SLOT", "HM_SLOT", "cell_moments", "hm_moments", "pm_randomize", "pm_randomize_values", "hm_randomize",
+           "kofd_randomize", "np_cell_moments", "np_hm_moments", "np_pm_randomize", "np_pm_randomize_values",
+           "np_hm_randomize", "np_kofd_randomize"]
 
 PM_SLOT = 1     # words per PM report
 HM_SLOT = 2     # words per HM report: the branch, then PM's word or Duchi's sign
 # Serial for now: parallel=True doubles the cold compile (212 against 115 CPU s for the numeric tests on the
 # 2-core machine) while the test suite has no room for it; `prange` runs as `range`.
+# Serial PM randomizes over 100M reports/s in the kernel on one core since the rare redraws left its hot loop
+# (:func:`_redraw`; 2026-11-27, docs/benchmarks.md).
 _PAR = dict(parallel=False, cache=True, nogil=True)
 _CHUNK = 1 << 12
 _SHIFT53 = np.uint64(11)
 
 
+@nb.njit(cache=True, nogil=True)
+def _redraw(w, lim, nkey, i, slot, j, cache, skip):
+    """``w`` redrawn from row ``i``'s extension stream (draw index ``j`` on; ``slot`` the row's slot, ``skip`` its
+    width) while ``w > lim``. Returns ``(word, next draw index)``. Not inlined: it runs for a few rows in 2^40 at
+    the default grid, and one copy of the ChaCha20 block code (not one per call site) keeps the compile short and
+    the kernels' hot loops free of it (the row's slot is sliced only here, not for every row)."""
+    while w > lim:
+        w = stream_word(nkey, NOISE_EXT, i, slot, j, cache, skip)
+        j += 1
+    return w, j
+
+
 @nb.njit(inline="always", cache=True)
-def _pm_cell(x, w, l_f, k, a, b, d_ab, d_f, zlim, nkey, i, slot, j, cache, skip):
-    """PM's cell for unit input ``x`` from word ``w`` (redrawn from row ``i``'s extension stream, draw index
-    ``j`` on, while ``w > zlim = Z - 1``): module doc. ``l_f = float(L)``, ``d_ab = D = A - B`` (uint64),
-    ``d_f = float(D)``. Returns ``(cell, next draw index)``."""
+def _pm_cell(x, w, l_f, k, a, b, d_ab, d_f, ka1):
+    """PM's cell for unit input ``x`` from an accepted word ``w <= Z - 1`` (:func:`_redraw`): module doc.
+    ``l_f = float(L)``, ``d_ab = D = A - B`` (uint64), ``d_f = float(D)``, ``ka1 = (K - 1) A`` (uint64)."""
     t = (x + 1.0) * 0.5 * l_f
     s0 = np.floor(t)
     if s0 > l_f - 1.0:
@@ -72,17 +87,13 @@ def _pm_cell(x, w, l_f, k, a, b, d_ab, d_f, zlim, nkey, i, slot, j, cache, skip)
         if q > d_ab:
             q = d_ab
     s = np.int64(s0)
-    while w > zlim:
-        w = stream_word(nkey, NOISE_EXT, i, slot, j, cache, skip)
-        j += 1
-    ka1 = a * np.uint64(k - 1)
     if w < ka1:
-        return s + 1 + np.int64(w // a), j
+        return s + 1 + np.int64(w // a)
     v = w - ka1
     if v < a + b:
-        return (s if v < a - q else s + k), j
+        return s if v < a - q else s + k
     u = np.int64((v - a - b) // b)
-    return (u if u < s else u + k + 1), j
+    return u if u < s else u + k + 1
 
 
 @nb.njit(inline="always", cache=True)
@@ -100,6 +111,7 @@ def pm_randomize(x, nkey, l, k, a, b, zlim, out):
     l_f = float(l)
     d_ab = a - b
     d_f = float(d_ab)
+    ka1 = a * np.uint64(k - 1)
     nchunks = (n + _CHUNK - 1) // _CHUNK
     for c in nb.prange(nchunks):
         r0, r1 = c * _CHUNK, min(n, (c + 1) * _CHUNK)
@@ -110,9 +122,50 @@ def pm_randomize(x, nkey, l, k, a, b, zlim, out):
             w = noise[o]
             if w > zlim:  # rare: the row's extension stream (a fresh cache: the stream is the row's own)
                 cache[8] = 0
-            cell, _ = _pm_cell(x[i], w, l_f, k, a, b, d_ab, d_f, zlim, nkey, i, noise[o:o + 1], PM_SLOT, cache,
-                               PM_SLOT)
-            out[i] = cell
+                w, _ = _redraw(w, zlim, nkey, i, noise[o:o + PM_SLOT], PM_SLOT, cache, PM_SLOT)
+            out[i] = _pm_cell(x[i], w, l_f, k, a, b, d_ab, d_f, ka1)
+    return out
+
+
+@nb.njit(inline="always", cache=True)
+def _to_unit(v, lo, hi, span):
+    """One value of :func:`estimators.numeric.base.to_unit` (not NaN), with its float operations in its order:
+    ``clip(2 (clip(v, lo, hi) - lo) / span - 1, -1, 1)``, ``span = hi - lo``."""
+    if v < lo:
+        v = lo
+    if v > hi:
+        v = hi
+    x = 2.0 * (v - lo) / span - 1.0
+    if x < -1.0:
+        x = -1.0
+    if x > 1.0:
+        x = 1.0
+    return x
+
+
+@nb.njit(**_PAR)
+def pm_randomize_values(v, lo, hi, nkey, l, k, a, b, zlim, out):
+    """:func:`pm_randomize` of ``to_unit(v, lo, hi)`` in one pass (``v`` float64 in metric units, no NaN; ``lo``,
+    ``hi`` float64): the same reports from the same key, without the unit inputs' temporary arrays (the numpy
+    mapping took 40% of PM's randomize)."""
+    n = v.shape[0]
+    span = hi - lo
+    l_f = float(l)
+    d_ab = a - b
+    d_f = float(d_ab)
+    ka1 = a * np.uint64(k - 1)
+    nchunks = (n + _CHUNK - 1) // _CHUNK
+    for c in nb.prange(nchunks):
+        r0, r1 = c * _CHUNK, min(n, (c + 1) * _CHUNK)
+        noise = _noise_slots(nkey, PM_SLOT, r0, r1)
+        cache = np.zeros(9, dtype=np.uint64)
+        for i in range(r0, r1):
+            o = i - r0
+            w = noise[o]
+            if w > zlim:  # rare, as in pm_randomize
+                cache[8] = 0
+                w, _ = _redraw(w, zlim, nkey, i, noise[o:o + PM_SLOT], PM_SLOT, cache, PM_SLOT)
+            out[i] = _pm_cell(_to_unit(v[i], lo, hi, span), w, l_f, k, a, b, d_ab, d_f, ka1)
     return out
 
 
@@ -126,6 +179,7 @@ def hm_randomize(x, nkey, t_alpha, l, k, a, b, zlim, d_tlo, d_s, out):
     l_f = float(l)
     d_ab = a - b
     d_f = float(d_ab)
+    ka1 = a * np.uint64(k - 1)
     nchunks = (n + _CHUNK - 1) // _CHUNK
     for c in nb.prange(nchunks):
         r0, r1 = c * _CHUNK, min(n, (c + 1) * _CHUNK)
@@ -134,10 +188,11 @@ def hm_randomize(x, nkey, t_alpha, l, k, a, b, zlim, d_tlo, d_s, out):
         for i in range(r0, r1):
             o = (i - r0) * HM_SLOT
             if noise[o] < t_alpha:
-                cache[8] = 0
-                cell, _ = _pm_cell(x[i], noise[o + 1], l_f, k, a, b, d_ab, d_f, zlim, nkey, i,
-                                   noise[o:o + HM_SLOT], HM_SLOT, cache, HM_SLOT)
-                out[i] = cell
+                w = noise[o + 1]
+                if w > zlim:  # rare, as in pm_randomize
+                    cache[8] = 0
+                    w, _ = _redraw(w, zlim, nkey, i, noise[o:o + HM_SLOT], HM_SLOT, cache, HM_SLOT)
+                out[i] = _pm_cell(x[i], w, l_f, k, a, b, d_ab, d_f, ka1)
             else:
                 out[i] = _duchi_code(x[i], noise[o + 1], d_tlo, d_s, m)
     return out
@@ -156,6 +211,7 @@ def kofd_randomize(x, nkey, kk, lims, hm, t_alpha, l, k, a, b, zlim, d_tlo, d_s,
     l_f = float(l)
     d_ab = a - b
     d_f = float(d_ab)
+    ka1 = a * np.uint64(k - 1)
     nchunks = (n + _CHUNK - 1) // _CHUNK
     for c in nb.prange(nchunks):
         r0, r1 = c * _CHUNK, min(n, (c + 1) * _CHUNK)
@@ -171,9 +227,8 @@ def kofd_randomize(x, nkey, kk, lims, hm, t_alpha, l, k, a, b, zlim, d_tlo, d_s,
             j = w
             for t in range(kk):  # partial Fisher-Yates
                 wd = slot[t]
-                while wd > lims[t]:
-                    wd = stream_word(nkey, NOISE_EXT, i, slot, j, cache, w)
-                    j += 1
+                if wd > lims[t]:
+                    wd, j = _redraw(wd, lims[t], nkey, i, slot, j, cache, w)
                 r = t + np.int64(wd % np.uint64(d - t))
                 rs[t] = r
                 tmp = perm[t]
@@ -201,9 +256,10 @@ def kofd_randomize(x, nkey, kk, lims, hm, t_alpha, l, k, a, b, zlim, d_tlo, d_s,
                 if hm and not slot[base] < t_alpha:
                     rep_out[i, t] = _duchi_code(xv, slot[base + 1], d_tlo, d_s, m)
                 else:
-                    off = base + 1 if hm else base
-                    cell, j = _pm_cell(xv, slot[off], l_f, k, a, b, d_ab, d_f, zlim, nkey, i, slot, j, cache, w)
-                    rep_out[i, t] = cell
+                    wd = slot[base + 1 if hm else base]
+                    if wd > zlim:
+                        wd, j = _redraw(wd, zlim, nkey, i, slot, j, cache, w)
+                    rep_out[i, t] = _pm_cell(xv, wd, l_f, k, a, b, d_ab, d_f, ka1)
     return idx_out, rep_out
 
 
@@ -317,6 +373,12 @@ def np_pm_randomize(x: np.ndarray, nkey: np.ndarray, l: int, k: int, a: int, b: 
     n = x.shape[0]
     slots = noise_slots(nkey, n, PM_SLOT)
     return np_pm_cells(x, slots[:, 0], l, k, a, b, zlim, np.arange(n), _Ext(nkey, slots)).astype(dtype)
+
+
+def np_pm_randomize_values(v: np.ndarray, lo: float, hi: float, nkey: np.ndarray, l: int, k: int, a: int, b: int,
+                           zlim: int, dtype=np.uint32) -> np.ndarray:
+    """The numpy twin of :func:`pm_randomize_values`: :func:`np_pm_randomize` of ``to_unit(v, lo, hi)``."""
+    return np_pm_randomize(to_unit(v, lo, hi)[0], nkey, l, k, a, b, zlim, dtype=dtype)
 
 
 def np_hm_randomize(x: np.ndarray, nkey: np.ndarray, t_alpha: int, l: int, k: int, a: int, b: int, zlim: int,

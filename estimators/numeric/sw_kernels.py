@@ -35,20 +35,22 @@ __all__ = ["SW_SLOT", "sw_randomize", "np_sw_randomize"]
 SW_SLOT = 4                # words per row in the batch noise stream (more only on rejection: extension stream)
 # Serial for now: parallel=True doubles the cold compile (212 against 115 CPU s for the numeric tests on the
 # 2-core machine) while the test suite has no room for it; `prange` runs as `range`.
+# The rare rejections are out of the hot loop (:func:`_redraw`): twice the rate (2026-11-27, docs/benchmarks.md).
 _PAR = dict(parallel=False, cache=True, nogil=True)
 _CHUNK = 1 << 12
 _SHIFT53 = np.uint64(11)
 
 
-@nb.njit(inline="always", cache=True)
-def _uniform(w, m, lim, nkey, i, slot, cache):
-    """A uniform integer of ``[0, m)`` from the word ``w`` (slot word 3), redrawing from row ``i``'s extension
-    stream while the word exceeds ``lim``."""
+@nb.njit(cache=True, nogil=True)
+def _redraw(w, lim, nkey, i, slot, cache):
+    """Slot word 3 ``w`` redrawn from row ``i``'s extension stream while it exceeds ``lim`` (``slot`` the row's
+    slot). Not inlined: it runs for fewer than 2^-48 of the rows, and out of the hot loop (one copy of the
+    ChaCha20 block code; the row's slot sliced only here) the kernel runs several times faster."""
     j = SW_SLOT
     while w > lim:
         w = stream_word(nkey, NOISE_EXT, i, slot, j, cache, SW_SLOT)
         j += 1
-    return np.int64(w % np.uint64(m))
+    return w
 
 
 @nb.njit(**_PAR)
@@ -68,7 +70,6 @@ def sw_randomize(x, nkey, d_in, s_lo, s_thr, t_near, k, l, lim_k, lim_l):
         cache = np.zeros(9, dtype=np.uint64)
         for i in range(r0, r1):
             o = (i - r0) * SW_SLOT
-            slot = noise[o:o + SW_SLOT]
             t = (x[i] + 1.0) * 0.5 * scale
             i0 = np.int64(math.floor(t))
             if i0 > top:
@@ -76,15 +77,20 @@ def sw_randomize(x, nkey, d_in, s_lo, s_thr, t_near, k, l, lim_k, lim_l):
             if i0 < 0:
                 i0 = 0
             f = t - i0
-            g = i0 + 1 if unit(slot[0]) < f else i0
+            g = i0 + 1 if unit(noise[o]) < f else i0
             s = s_lo[g]
-            if (slot[1] >> _SHIFT53) < s_thr[g]:
+            if (noise[o + 1] >> _SHIFT53) < s_thr[g]:
                 s += 1
-            cache[8] = 0  # the extension stream is the row's own
-            if slot[2] < t_near:
-                cell = s + _uniform(slot[3], k, lim_k, nkey, i, slot, cache)
+            near = noise[o + 2] < t_near
+            m, lim = (k, lim_k) if near else (l, lim_l)
+            w = noise[o + 3]
+            if w > lim:  # rare: the row's extension stream (a fresh cache: the stream is the row's own)
+                cache[8] = 0
+                w = _redraw(w, lim, nkey, i, noise[o:o + SW_SLOT], cache)
+            u = np.int64(w % np.uint64(m))  # uniform on [0, m): the word is below lim_m + 1
+            if near:
+                cell = s + u
             else:
-                u = _uniform(slot[3], l, lim_l, nkey, i, slot, cache)
                 cell = u + k if u >= s else u
             out[i] = np.uint16(cell)
     return out

@@ -1,9 +1,10 @@
 """ldp-stream's light device SDK: local differential privacy on the device, with the standard library and
 ``cryptography`` only.
 
-``Device`` randomizes a device's values with the campaign's protocols (every protocol and multidimensional
-solution of ldp-stream, byte for byte the reference's reports: ``tests/data/randomizer-vectors.json``), keeps its
-memo state and lifetime privacy budget in a private state directory, and sends single reports to the ingest.
+``Device`` randomizes a device's values with the campaign's protocols (every protocol, multidimensional solution
+and numeric mechanism of ldp-stream, byte for byte the reference's reports: ``tests/data/randomizer-vectors.json``),
+keeps its memo state and lifetime privacy budget in a private state directory, and sends single reports to the
+ingest. A numeric attribute (``type = "numeric"``) takes a measurement: ``dev.send("session_seconds", 312.5)``.
 
 >>> from ldp_device import Campaign, Device
 >>> dev = Device(Campaign.load("deploy/campaigns/demo.toml"), "device-state", budget_eps=20.0,
@@ -20,13 +21,15 @@ from .device import Device
 from .errors import (BudgetExceeded, CampaignError, DeviceStateError, InfeasibleParameters, IngestError,
                      InvalidState, LDPError)
 from .ledger import budget_plan
-from .registry import PROTOCOLS, from_params, make
+from .numeric import NumericMechanism
+from .registry import MECHANISMS, PROTOCOLS, from_params, make, make_numeric
 from .solutions import SOLUTIONS, MultiState, Solution, make_solution
 from .streams import key_tape, os_key
 
 __version__ = "0.1.0"
 
 __all__ = ["Device", "Campaign", "Attribute", "Group", "step_at", "budget_plan", "make", "from_params", "PROTOCOLS",
-           "make_solution", "SOLUTIONS", "Solution", "Protocol", "MemoState", "MultiState", "encode_payload",
-           "single_report", "key_tape", "os_key", "LDPError", "InfeasibleParameters", "InvalidState", "CampaignError",
-           "BudgetExceeded", "DeviceStateError", "IngestError", "__version__"]
+           "make_numeric", "MECHANISMS", "NumericMechanism", "make_solution", "SOLUTIONS", "Solution", "Protocol",
+           "MemoState", "MultiState", "encode_payload", "single_report", "key_tape", "os_key", "LDPError",
+           "InfeasibleParameters", "InvalidState", "CampaignError", "BudgetExceeded", "DeviceStateError", "IngestError",
+           "__version__"]

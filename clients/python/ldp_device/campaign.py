@@ -4,6 +4,11 @@ The device derives every protocol's probabilities from the campaign's ε itself 
 its fingerprints are the reference's: an attribute's is its protocol's (``sha256`` of the parameters' canonical
 JSON), a group attribute's the solution's view of it, the campaign's the hash of its id, step length and every
 attribute's parameters. The validation is the reference's, so a file the workers refuse is refused here too.
+
+A numeric attribute (``type = "numeric"``) has a ``range = [lo, hi]``, a ``mechanism`` (a name of
+:data:`ldp_device.registry.MECHANISMS`) and the mechanism's parameters instead of ``k`` and ``protocol``; its
+protocol is the mechanism (:mod:`ldp_device.numeric`), its parameters ``{"mechanism", "eps", "lo", "hi", ...}``.
+It belongs to no group and has no labels and no poisoning defense.
 """
 from __future__ import annotations
 
@@ -20,11 +25,12 @@ from .base import Protocol
 from .direct import GRR, LGRR
 from .errors import CampaignError, LDPError
 from .hashing import LOLOHA, LocalHashing
-from .registry import make
+from .numeric import NumericMechanism
+from .registry import MECHANISMS, make, make_numeric
 from .solutions import AttributeView, Solution, make_solution
 from .unary import UnaryReports
 
-__all__ = ["Attribute", "Group", "Campaign", "DEFENSES", "step_at", "default_retention_steps"]
+__all__ = ["Attribute", "Group", "Campaign", "DEFENSES", "ATTRIBUTE_TYPES", "step_at", "default_retention_steps"]
 
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 _CAMPAIGN_KEYS = {"id", "time_step_seconds", "lateness_seconds", "max_batch_reports", "retention_steps",
@@ -32,6 +38,7 @@ _CAMPAIGN_KEYS = {"id", "time_step_seconds", "lateness_seconds", "max_batch_repo
 MIN_TIME_STEP_SECONDS = 1.0
 DEFAULT_RETENTION_SECONDS = 7 * 86400
 DEFENSES = ("none", "plausibility", "itemset")
+ATTRIBUTE_TYPES = ("categorical", "numeric")
 
 AttributeProtocol = Union[Protocol, AttributeView]
 
@@ -52,6 +59,11 @@ class Attribute:
 
     def label(self, v: int) -> str:
         return self.labels[v] if self.labels else str(v)
+
+    @property
+    def numeric(self) -> bool:
+        """Whether the attribute is a numeric metric (``type = "numeric"``): a measurement, not an index."""
+        return isinstance(self.protocol, NumericMechanism)
 
     def __repr__(self) -> str:
         return f"Attribute({self.name!r}, k={self.k}, protocol={self.protocol.name}, group={self.group!r})"
@@ -79,6 +91,31 @@ def _family(proto: Protocol) -> str | None:
     if isinstance(proto, (LocalHashing, LOLOHA)):
         return "hashing"
     return None
+
+
+def _numeric_attribute(name: str, spec: dict[str, Any], labels: tuple[str, ...], defense: Any) -> Attribute:
+    """A ``type = "numeric"`` attribute from its table without ``name`` and ``type`` (``wire.campaign``'s rules)."""
+    spec = dict(spec)
+    if labels:
+        raise CampaignError(f"attribute {name!r} is numeric: it has no labels")
+    if defense != "none":
+        raise CampaignError(f"attribute {name!r} is numeric: no report-level poisoning defense applies to a "
+                            f"mean (a clipped range bounds what one report can shift); only defense = \"none\"")
+    for key in ("k", "protocol"):
+        if key in spec:
+            raise CampaignError(f"attribute {name!r} is numeric: it has a range and a mechanism, not {key!r}")
+    rng = spec.pop("range", None)
+    if (not isinstance(rng, list) or len(rng) != 2
+            or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in rng)):
+        raise CampaignError(f"attribute {name!r} needs range = [lo, hi] (two numbers), got {rng!r}")
+    mech = spec.pop("mechanism", None)
+    if mech not in MECHANISMS:
+        raise CampaignError(f"attribute {name!r} needs a mechanism, one of {', '.join(MECHANISMS)}; got {mech!r}")
+    try:
+        proto = make_numeric(mech, lo=float(rng[0]), hi=float(rng[1]), **spec)
+    except (LDPError, TypeError) as exc:
+        raise CampaignError(f"attribute {name!r}: {exc}") from exc
+    return Attribute(name, proto.k, proto)
 
 
 def _check_defense(name: str, proto: Protocol, defense: Any) -> str:
@@ -198,6 +235,16 @@ class Campaign:
                 raise CampaignError(f"attribute {name!r} is declared twice")
             labels = tuple(str(x) for x in a.pop("labels", ()))
             defense = a.pop("defense", "none")
+            kind = a.pop("type", "categorical")
+            if kind not in ATTRIBUTE_TYPES:
+                raise CampaignError(f"attribute {name!r}: type must be one of {', '.join(ATTRIBUTE_TYPES)}, got "
+                                    f"{kind!r}")
+            if kind == "numeric":
+                if name in member_of:
+                    raise CampaignError(f"attribute {name!r} is numeric: it cannot belong to group "
+                                        f"{member_of[name]!r} (a group's solution reports categorical values)")
+                attrs[name] = _numeric_attribute(name, a, labels, defense)
+                continue
             if name in member_of:
                 if defense != "none":
                     raise CampaignError(f"attribute {name!r} belongs to group {member_of[name]!r}: only "

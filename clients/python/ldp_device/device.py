@@ -11,6 +11,7 @@ dev.send("app_version", 42)           # randomize locally, POST one report (retr
 dev.send("opt_in", "yes")             # a label of the campaign instead of an index
 obj = dev.report("crash_minute", 95, t=7)   # or build the JSON object and send it yourself
 dev.send_group("device", {"dark_mode": "on", "country": 3, "device_model": 17})   # a [[groups]] solution
+dev.send("session_seconds", 312.5)    # a numeric attribute (type = "numeric"): a measurement, clipped to its range
 ```
 
 Randomness: every memo key, a group's sampled attribute and fake inputs, and the noise key of every report
@@ -40,6 +41,7 @@ from .campaign import Campaign, Group, step_at
 from .codec import check_step, encode_compact, encode_payload, single_report
 from .errors import BudgetExceeded, CampaignError, DeviceStateError, IngestError, InvalidState, LDPError
 from .ledger import LEDGER_KEYS, TOL, Ledger, budget_plan
+from .numeric import NumericMechanism, numeric_value
 from .solutions import MultiState
 from .state import (DEVICE_FORMAT, GROUP_FORMAT, MEMO_FORMAT, STATE_VERSION, DirLock, private_dir, read_json,
                     write_json)
@@ -106,6 +108,7 @@ class Device:
         private_dir(self.state_path)
         self._lock = DirLock(self.state_path)
         self.ledger = Ledger(campaign, self.budget_eps)
+        self._clipped: dict[str, int] = {}  # numeric attribute -> values clipped to its range (this object)
         self.fingerprints: dict[str, str] = {}
         self._seen_files: dict[Path, tuple[int, int] | None] = {}
         try:
@@ -130,7 +133,7 @@ class Device:
         return self.ledger.group_reports
 
     @property
-    def last_values(self) -> dict[str, int]:
+    def last_values(self) -> dict[str, int | float]:
         return self.ledger.last_values
 
     # ------------------------------------------------------------------ lifecycle
@@ -437,8 +440,9 @@ class Device:
         st = self.ledger.states[attribute]
         return 0 if st is None else st.count()
 
-    def last_value(self, attribute: str) -> int | None:
-        """The value the last report of a memoizing attribute randomized (what it freezes on)."""
+    def last_value(self, attribute: str) -> int | float | None:
+        """The value the last report of a memoizing attribute randomized (what it freezes on): an index, or the
+        measurement of a numeric attribute."""
         self._own(attribute)
         with self._lock.held():
             self._refresh()
@@ -534,13 +538,35 @@ class Device:
             raise LDPError(f"value {v} of {attribute!r} is outside the domain [0, {a.k})")
         return v
 
-    def randomize(self, attribute: str, value: int | str) -> bytes:
-        """Randomize one value (the report bytes of this device), enforcing and recording the budget.
+    def numeric_value(self, attribute: str, value: float) -> float:
+        """A numeric attribute's measurement as a float: a finite number (outside the range it is clipped to the
+        nearest end when randomized, and counted: :meth:`clipped`); :class:`LDPError` otherwise."""
+        return numeric_value(value, f"value {value!r} of numeric attribute {attribute!r}")
+
+    def clipped(self, attribute: str) -> int:
+        """How many values of numeric ``attribute`` this Device object clipped to the range before randomizing
+        them (kept on the device: the server never learns which reports were clipped)."""
+        return self._clipped.get(attribute, 0)
+
+    def _input(self, attribute: str, value: int | float | str) -> int | float:
+        """One value as the protocol's input: a domain index (categorical) or a float (numeric, counted when it
+        lies outside the range)."""
+        proto = self._own(attribute)
+        if isinstance(proto, NumericMechanism):
+            v = self.numeric_value(attribute, value)  # type: ignore[arg-type]
+            if proto.clipped(v):
+                self._clipped[attribute] = self._clipped.get(attribute, 0) + 1
+            return v
+        return self.value_index(attribute, value)  # type: ignore[arg-type]
+
+    def randomize(self, attribute: str, value: int | float | str) -> bytes:
+        """Randomize one value (the report bytes of this device), enforcing and recording the budget: an index or
+        a label, or a number for a numeric attribute (clipped to its range).
 
         A memoizing attribute past its budget randomizes its last reported value instead of ``value``;
         :class:`BudgetExceeded` only on data-independent grounds (nothing memoized, saved or sent)."""
         proto = self._own(attribute)
-        v = self.value_index(attribute, value)
+        v = self._input(attribute, value)
         led = self.ledger
         with self._lock.held():
             self._refresh()
@@ -557,7 +583,8 @@ class Device:
                 return report
             return self._randomize_memoized(attribute, proto, st, v, reserved)
 
-    def _randomize_memoized(self, attribute: str, proto: Protocol, st: MemoState, v: int, reserved: float) -> bytes:
+    def _randomize_memoized(self, attribute: str, proto: Protocol, st: MemoState, v: int | float,
+                            reserved: float) -> bytes:
         led = self.ledger
         count, slots = st.count(), led.slots(attribute)
         # 1. reserve one more memo slot: decided on the schedule alone
@@ -599,14 +626,16 @@ class Device:
         proto = self.campaign.attribute(attribute).protocol
         return single_report(self.campaign.id, attribute, t, encode_payload([report], proto.report_nbytes))
 
-    def report(self, attribute: str, value: int | str, t: int | None = None) -> dict[str, Any]:
-        """The JSON object of one randomized report: ``{campaign, attribute, t, payload}``."""
+    def report(self, attribute: str, value: int | float | str, t: int | None = None) -> dict[str, Any]:
+        """The JSON object of one randomized report: ``{campaign, attribute, t, payload}`` (``value``: an index, a
+        label, or the measurement of a numeric attribute)."""
         self._own(attribute)  # an unknown or grouped attribute fails before anything is spent
         step = check_step(self.current_step() if t is None else t)
         return self._object(attribute, step, self.randomize(attribute, value))
 
-    def send(self, attribute: str, value: int | str, t: int | None = None) -> dict[str, Any]:
-        """Randomize one report (an index or a label), POST it to ``ingest_url``; the endpoint's JSON reply.
+    def send(self, attribute: str, value: int | float | str, t: int | None = None) -> dict[str, Any]:
+        """Randomize one report (an index, a label or a measurement), POST it to ``ingest_url``; the endpoint's JSON
+        reply.
 
         Randomized once: retries send the same bytes with the same ``Idempotency-Key``."""
         if not self.ingest_url:

@@ -80,7 +80,8 @@ class Ledger:
     """One device's ledger over a campaign and the state it accounts for.
 
     ``spent_reports`` (memoryless attribute -> reports), ``memo_slots`` (memoizing attribute -> slots reserved),
-    ``last_values`` (memoizing attribute -> value last reported: what it freezes on), ``group_reports`` (group
+    ``last_values`` (memoizing attribute -> value last reported: what it freezes on; a numeric attribute's is its
+    measurement, a float), ``group_reports`` (group
     -> steps reserved), ``keyed`` (scope -> id of the key that reported), ``retired`` (scope -> loss of the keys
     its resets retired), ``recorded`` (scope -> its reserved loss at the last write: counted once the scope
     leaves the campaign). Scopes are ``a:<attribute>`` (ungrouped) and ``g:<group>``.
@@ -91,7 +92,7 @@ class Ledger:
         self.budget_eps = budget_eps
         self.spent_reports: dict[str, int] = {}
         self.memo_slots: dict[str, int] = {}
-        self.last_values: dict[str, int] = {}
+        self.last_values: dict[str, int | float] = {}
         self.group_reports: dict[str, int] = {}
         self.keyed: dict[str, str] = {}
         self.retired: dict[str, float] = {}
@@ -111,6 +112,9 @@ class Ledger:
     def parse(data: Any) -> dict[str, Any]:
         """The ledger fields of a ``budget.json`` value (``ValueError``/``TypeError``/... if malformed)."""
         out: dict[str, Any] = {key: {str(k): int(v) for k, v in data.get(key, {}).items()} for key in LEDGER_KEYS}
+        # a numeric attribute's last value is a measurement: kept as written (a float), an index as an int
+        out["last_values"] = {str(k): v if isinstance(v, float) else int(v)
+                              for k, v in data.get("last_values", {}).items()}
         out["keyed"] = {str(k): str(v) for k, v in data.get("keyed", {}).items()}
         out["retired"] = {str(k): float(v) for k, v in data.get("retired", {}).items()}
         out["recorded"] = {str(k): float(v) for k, v in data.get("recorded", {}).items()}

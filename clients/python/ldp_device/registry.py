@@ -1,5 +1,6 @@
 """``make(name, **params)``: every protocol by its public name, with the reference's keyword checks
-(``estimators/registry.py``)."""
+(``estimators/registry.py``); ``make_numeric(name, **params)``: every numeric mechanism
+(``estimators/numeric/__init__.py``)."""
 from __future__ import annotations
 
 from typing import Any, TypeVar
@@ -8,19 +9,28 @@ from .adaptive import ADP, LADP
 from .base import Protocol
 from .bitflip import DBitFlipPM
 from .direct import GRR, LGRR
+from .duchi import Duchi
 from .errors import LDPError
 from .hadamard import FHR, HR
 from .hashing import BLH, LOLOHA, OLH
 from .histogram import SHE, THE
+from .laplace import Laplace
+from .numeric import NumericMechanism
+from .onebit import OneBitMean
+from .piecewise import HM, PM
+from .square_wave import SW
 from .subset import SS
 from .unary import LOSUE, LOUE, LSOUE, LSUE, OUE, SUE
 
-__all__ = ["PROTOCOLS", "make", "from_params", "parameters", "construct", "lookup"]
+__all__ = ["PROTOCOLS", "MECHANISMS", "make", "make_numeric", "from_params", "parameters", "construct", "lookup"]
 
 T = TypeVar("T")
 
 PROTOCOLS: dict[str, type[Protocol]] = {c.name: c for c in (
     GRR, SUE, OUE, ADP, LGRR, LSUE, LOUE, LOSUE, LSOUE, LADP, HR, FHR, BLH, OLH, LOLOHA, DBitFlipPM, SS, SHE, THE)}
+
+#: the numeric mechanisms of a ``type = "numeric"`` attribute, by name (``estimators.numeric.MECHANISMS``)
+MECHANISMS: dict[str, type[NumericMechanism]] = {c.name: c for c in (Laplace, Duchi, PM, HM, SW, OneBitMean)}
 
 
 def lookup(table: dict[str, T], name: str, what: str) -> T:
@@ -68,9 +78,16 @@ def make(name: str, **params: Any) -> Protocol:
     return construct(lookup(PROTOCOLS, name, "protocol"), name, params)
 
 
+def make_numeric(name: str, **params: Any) -> NumericMechanism:
+    """Build a numeric mechanism: ``make_numeric("PM", eps=1.0, lo=0.0, hi=600.0)``."""
+    return construct(lookup(MECHANISMS, name, "numeric mechanism"), name, params)
+
+
 def from_params(params: dict[str, Any]) -> Protocol:
-    """Inverse of ``proto.params()``."""
+    """Inverse of ``proto.params()`` (a protocol's, or a numeric mechanism's: ``{"mechanism": ..., ...}``)."""
     p = dict(params)
+    if "mechanism" in p and "protocol" not in p:
+        return make_numeric(p.pop("mechanism"), **p)
     name = p.pop("protocol")
     p.pop("chosen", None)
     return make(name, **p)

@@ -4,9 +4,9 @@ The stream ``(key, domain, a)`` is the RFC 8439 ChaCha20 keystream under the 256
 nonce ``(domain, a mod 2^32, a >> 32)`` and the block counter from 0; its word ``j`` is the little-endian
 64-bit integer in keystream bytes ``8j .. 8j+7`` (the reference: ``estimators/randomness.py``). Memoized
 responses use the device's secret memo key (:data:`PRR`, :data:`LH_SEED`, :data:`BITFLIP_J`,
-:data:`BITFLIP_BIT`); fresh noise uses a fresh 256-bit key per report: the report is row 0 of a batch of one,
-so its noise slot is words ``0 .. W-1`` of ``(noise key, NOISE, 0)`` and draws beyond the slot come from
-``(noise key, NOISE_EXT, 0)``.
+:data:`BITFLIP_BIT`, :data:`ONEBIT_ALPHA`); fresh noise uses a fresh 256-bit key per report: the report is
+row 0 of a batch of one, so its noise slot is words ``0 .. W-1`` of ``(noise key, NOISE, 0)`` and draws beyond the
+slot come from ``(noise key, NOISE_EXT, 0)``.
 
 Keys: every randomizer takes ``draw_key``, a callable returning 32 fresh bytes per call, consumed in the
 reference's order of key draws (``keys_from``); the default :func:`os_key` is the OS CSPRNG
@@ -21,9 +21,9 @@ from typing import Callable, Iterable
 
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 
-__all__ = ["PRR", "NOISE", "LH_SEED", "BITFLIP_J", "BITFLIP_BIT", "NOISE_EXT", "KEY_BYTES", "KeySource", "os_key",
-           "key_tape", "keystream", "Stream", "NoiseDraws", "unit", "other_than", "quantize32", "threshold32",
-           "split_threshold", "lt_table", "GATHER", "pack_lanes"]
+__all__ = ["PRR", "NOISE", "LH_SEED", "BITFLIP_J", "BITFLIP_BIT", "NOISE_EXT", "ONEBIT_ALPHA", "KEY_BYTES",
+           "KeySource", "os_key", "key_tape", "keystream", "Stream", "NoiseDraws", "unit", "other_than", "quantize32",
+           "threshold32", "split_threshold", "lt_table", "GATHER", "pack_lanes"]
 
 KEY_BYTES = 32
 BLOCK_BYTES = 64
@@ -35,6 +35,7 @@ LH_SEED = 0x44534C48      # "HLSD": local-hashing seeds
 BITFLIP_J = 0x4A504642    # "BFPJ": dBitFlipPM's sampled buckets, a = 0
 BITFLIP_BIT = 0x42504642  # "BFPB": dBitFlipPM's memoized bits, a = case
 NOISE_EXT = 0x5458454E    # "NEXT": draws of row a beyond its fixed noise slot
+ONEBIT_ALPHA = 0x48504C41  # "ALPH": a 1BitMean device's rounding point alpha, a = 0
 
 TWO_M53 = 1.1102230246251565e-16  # 2**-53
 SCALE32 = float(1 << 32)
