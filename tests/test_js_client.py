@@ -75,25 +75,55 @@ def test_the_wire_campaign_fixture_is_the_wire_vectors_toml():
     assert fixture == tomllib.loads(wire["campaign_toml"])
 
 
+def test_the_numeric_ledger_campaign_fixture_is_the_vectors_toml():
+    fixture = json.loads((JS / "test-support" / "fixtures" / "ledger-numeric-campaign.json").read_text())
+    tomls = {case["campaign"] for case in json.loads(VECTORS.read_text())["numeric_ledger"]}
+    assert len(tomls) == 1 and fixture == tomllib.loads(tomls.pop())
+
+
 def test_node_devices_are_counted_exactly_once_through_the_ingest(local_stack, tmp_path, node):
-    path = unique_campaign_file(E2E, tmp_path)
+    _send_through_ingest(local_stack, tmp_path, node, E2E, "app_version", [str(v) for v in (0, 7, 42, 99, 42, 13)])
+
+
+NUMERIC_E2E = """[campaign]
+id = "e2e-numeric"
+time_step_seconds = 3600.0
+lateness_seconds = 3600.0
+
+[[attributes]]
+name = "session_seconds"
+type = "numeric"
+range = [0.0, 600.0]
+mechanism = "PM"
+eps = 1.0
+"""
+
+
+def test_node_devices_send_a_numeric_attribute_through_the_ingest(local_stack, tmp_path, node):
+    source = tmp_path / "e2e-numeric.toml"
+    source.write_text(NUMERIC_E2E)
+    _send_through_ingest(local_stack, tmp_path, node, source, "session_seconds", ["12.5", "300", "599.99", "-4", "75"])
+
+
+def _send_through_ingest(local_stack, tmp_path, node, source: Path, attr: str, values: list[str]) -> None:
+    """DEVICES Node devices send one report of ``attr`` each (device i the value ``values[i mod len]``) through a
+    real ingest and worker: every report accepted, and the counts in Redis are the supports of the sent reports."""
+    path = unique_campaign_file(source, tmp_path)
     campaign = Campaign.load(path)
     campaign_json = tmp_path / "campaign.json"
     campaign_json.write_text(json.dumps(tomllib.loads(path.read_text())))  # the TOML converts 1:1
     app_id = f"js-{uuid.uuid4().hex[:6]}"
     boot, redis_url = local_stack.info.kafka_bootstrap, local_stack.info.redis_url
-    attr = "app_version"
     proto = campaign.attribute(attr).protocol
+    numeric = campaign.attribute(attr).numeric
     t = step_at(campaign)
-    values = [str(v) for v in (0, 7, 42, 99, 42, 13)]
     with WorkerProcess([path], boot, redis_url, app_id=app_id, topic_prefix=f"{app_id}.", refresh_seconds=0.2,
                        session_timeout=3.0, run_dir=tmp_path), \
             IngestProcess([path], boot, redis_url, topic_prefix=f"{app_id}.", run_dir=tmp_path) as ingest:
         cmd = [node, "examples/send.mjs", "--campaign", str(campaign_json), "--ingest", f"{ingest.url}/reports",
                "--state", str(tmp_path / "devices"), "--devices", str(DEVICES), "--t", str(t), "--attribute", attr,
                "--budget", "10"]
-        for v in values:
-            cmd += ["--value", v]
+        cmd += [f"--value={v}" for v in values]  # --value=-4: a negative number is not an option
         proc = subprocess.run(cmd, cwd=JS, capture_output=True, text=True, timeout=60,
                               env={**os.environ, "NODE_NO_WARNINGS": "1"})
         assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
@@ -102,11 +132,14 @@ def test_node_devices_are_counted_exactly_once_through_the_ingest(local_stack, t
         support = np.zeros(proto.support_size, dtype=np.int64)
         keys = set()
         for r in summary["results"]:
-            assert r["reply"] == {"accepted": 1} and r["value"] == int(values[r["device"] % len(values)])
+            want = values[r["device"] % len(values)]
+            assert r["reply"] == {"accepted": 1} and r["value"] == (float(want) if numeric else int(want))
             (obj,) = r["reports"]
             assert set(obj) == {"campaign", "attribute", "t", "payload"}
             assert (obj["campaign"], obj["attribute"], obj["t"]) == (campaign.id, attr, t)
             support += proto.support(proto.decode(base64.b64decode(obj["payload"])))
-            keys.add(json.loads((tmp_path / "devices" / f"device-{r['device']}" / f"{attr}.memo.json").read_text())["key"])
-        assert len(keys) == DEVICES  # every device its own 256-bit memo key
+            if proto.memo_size:
+                memo = tmp_path / "devices" / f"device-{r['device']}" / f"{attr}.memo.json"
+                keys.add(json.loads(memo.read_text())["key"])
+        assert len(keys) == (DEVICES if proto.memo_size else 0)  # every device its own 256-bit memo key
         wait_for_counts(redis_url, campaign.id, {(attr, t): (support, DEVICES)}, timeout=30)

@@ -7,6 +7,7 @@ export type KeySource = () => Uint8Array;
 /** Stream domains (nonce word 0) of estimators/randomness.py. */
 export declare const DOMAINS: Readonly<{
   PRR: number; NOISE: number; LH_SEED: number; BITFLIP_J: number; BITFLIP_BIT: number; NOISE_EXT: number;
+  ONEBIT_ALPHA: number;
 }>;
 
 /** The ChaCha20 stream (key, domain, a): RFC 8439 keystream, nonce (domain, a mod 2^32, a >> 32), counter from 0. */
@@ -27,6 +28,8 @@ export declare class NoiseDraws {
   lo(j: number): number;
   unit(j: number): number;
   word(j: number): bigint;
+  /** Words of the extension stream (nkey, NOISE_EXT, 0) read so far (diagnosis). */
+  readonly extWords: number;
 }
 
 /** 32 bytes from crypto.getRandomValues. */
@@ -107,7 +110,7 @@ export type ProtocolName = 'GRR' | 'SUE' | 'OUE' | 'ADP' | 'L-GRR' | 'L-SUE' | '
 export declare const PROTOCOLS: Record<ProtocolName, [new (params: ProtocolParams) => Protocol, string[], string[]]>;
 /** make("L-OSUE", {k: 100, eps_inf: 2.0, eps_1: 1.0}); unknown or missing keywords are refused. */
 export declare function make(name: ProtocolName | string, params?: ProtocolParams): Protocol;
-/** Inverse of proto.params(). */
+/** Inverse of proto.params(); parameters with a `mechanism` (and no `protocol`) give a numeric mechanism. */
 export declare function fromParams(params: Record<string, unknown>): Protocol;
 export declare function parameters(name: string): string[];
 
@@ -175,17 +178,70 @@ export declare const SOLUTIONS: Record<SolutionName, [new (params: Record<string
 export declare function makeSolution(params: { solution: SolutionName | string; ks: number[]; [k: string]: unknown }): Solution;
 export declare function amplifiedEps(eps: number, d: number): number;
 
+// ---------------------------------------------------------------- numeric mechanisms
+export type MechanismName = 'Laplace' | 'Duchi' | 'PM' | 'HM' | 'SW' | '1BitMean';
+
+/** A numeric value's randomizer (estimators/numeric): a measurement of [lo, hi] in, ONE integer report out. */
+export declare abstract class NumericMechanism extends Protocol {
+  readonly numeric: true;
+  /** "mean" (the server aggregates sums) or "distribution" (SW: cell counts, EMS). */
+  readonly aggregate: 'mean' | 'distribution';
+  readonly eps: number;
+  readonly lo: number;
+  readonly hi: number;
+  /** The support size (what the server aggregates per step), as Python's NumericProtocol.k. */
+  readonly k: number;
+  readonly reportDtype: 'int32' | 'int8' | 'uint16' | 'uint32' | 'uint8';
+  /** {mechanism, eps, lo, hi, ...own}; the fingerprint writes lo, hi (and gamma) as Python floats. */
+  params(): Record<string, number | string>;
+  /** The calibrated figures of the randomizer vectors' `derived` (64-bit integers as decimal strings). */
+  derived(): Record<string, number | string>;
+  /** Whether v lies outside [lo, hi] (it is clipped to the nearest end before randomizing). */
+  clipped(v: number): boolean;
+  /** [x in [-1, 1], clipped] (base.to_unit). */
+  prepare(v: number): [number, boolean];
+  /** One report's bytes for the measurement v (a finite number; NaN and infinities refused). */
+  randomize(v: number, options: RandomizeOptions): Uint8Array;
+  /** The report's integer from its bytes. */
+  decodeReport(bytes: Uint8Array): number;
+  /** Extension-stream words the last randomize drew (diagnosis). */
+  readonly lastExtWords: number;
+}
+export declare class Laplace extends NumericMechanism { constructor(p: { eps: number; lo?: number; hi?: number; grid_bits?: number }); }
+export declare class Duchi extends NumericMechanism { constructor(p: { eps: number; lo?: number; hi?: number }); }
+export declare class PM extends NumericMechanism { constructor(p: { eps: number; lo?: number; hi?: number; grid_bits?: number }); }
+export declare class HM extends NumericMechanism { constructor(p: { eps: number; lo?: number; hi?: number; grid_bits?: number }); }
+export declare class SW extends NumericMechanism { constructor(p: { eps: number; lo?: number; hi?: number; d_in?: number; d_out?: number }); }
+/** 1BitMean with alpha-point rounding: memoizes s + 1 points (pass the device's memo state; without one every
+ * report is a fresh device), eps_memo per distinct point; gamma > 0 flips each report with fresh noise. */
+export declare class OneBitMean extends NumericMechanism {
+  constructor(p: { eps: number; lo?: number; hi?: number; s?: number; gamma?: number });
+  readonly s: number;
+  readonly gamma: number;
+  readonly epsMemo: number;
+  /** The device's rounding point alpha in [0, 1), fixed by its memo key. */
+  alpha(state: MemoState): number;
+}
+export declare const MECHANISMS: Record<MechanismName, [new (params: Record<string, number>) => NumericMechanism, string[]]>;
+/** makeNumeric("PM", {eps: 1.0, lo: 0.0, hi: 600.0}); unknown keywords are refused. */
+export declare function makeNumeric(name: MechanismName | string, params?: Record<string, number>): NumericMechanism;
+export declare function toUnit(v: number, lo: number, hi: number): [number, boolean];
+export declare function readReport(dtype: string, bytes: Uint8Array): number;
+export declare const EPS_STAR: number;
+
 // ---------------------------------------------------------------- campaigns and the wire
 /** The campaign TOML as JSON: {campaign: {id, time_step_seconds, ...}, attributes: [...], groups?: [...]}. */
 export interface CampaignJSON {
   campaign: { id: string; time_step_seconds?: number; lateness_seconds?: number; max_batch_reports?: number;
     retention_steps?: number; max_steps_ahead?: number; min_n?: number; description?: string };
-  attributes: Array<{ name: string; k: number; protocol?: string; labels?: string[]; defense?: string; [param: string]: unknown }>;
+  attributes: Array<{ name: string; k: number; protocol?: string; labels?: string[]; defense?: string; type?: 'categorical'; [param: string]: unknown }
+    | { name: string; type: 'numeric'; range: [number, number]; mechanism: MechanismName; eps: number; [param: string]: unknown }>;
   groups?: Array<{ name: string; attributes: string[]; solution: string; [param: string]: unknown }>;
 }
 
 export declare class CampaignError extends LDPError {}
 export declare const MAX_STEP: number;
+export declare const ATTRIBUTE_TYPES: ['categorical', 'numeric'];
 
 export declare class Attribute {
   readonly name: string;
@@ -195,6 +251,8 @@ export declare class Attribute {
   readonly labels: string[];
   readonly group: string | null;
   readonly index: number | null;
+  /** A numeric attribute (type = "numeric"): its protocol is a NumericMechanism and its values are numbers. */
+  readonly numeric: boolean;
   label(v: number): string;
 }
 
@@ -307,13 +365,19 @@ export declare class Ledger {
   readonly budgetPlan: string;
   close(): void;
   valueIndex(attribute: string, value: Value): number;
-  /** One report's bytes (freezes past the budget; BudgetExceeded on data-independent grounds only). */
+  /** A numeric attribute's measurement checked: a finite number (LDPError otherwise). */
+  numericValue(attribute: string, value: unknown): number;
+  /** Values of numeric `attribute` this object clipped to the range (kept on the device, never sent or stored). */
+  clipped(attribute: string): number;
+  /** One report's bytes (a numeric attribute: value is a measurement, clipped to its range; freezes past the
+   * budget; BudgetExceeded on data-independent grounds only). */
   randomize(attribute: string, value: Value): Uint8Array;
   randomizeGroup(group: string, values: GroupValues): Array<[string, Uint8Array]>;
   privacyLoss(attribute?: string | null, options?: { group?: string | null }): number;
   reservedLoss(attribute?: string | null, options?: { group?: string | null }): number;
   remainingBudget(): number;
   memoizedCount(attribute: string): number;
+  /** The value last randomized (an index, or a numeric attribute's measurement), or null. */
   lastValue(attribute: string): number | null;
   frozen(attribute: string): boolean;
   groupStepsReserved(group: string): number;

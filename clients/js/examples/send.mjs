@@ -3,6 +3,7 @@
 //
 //   node examples/send.mjs --campaign campaign.json --ingest http://127.0.0.1:8080/reports --state DIR \
 //        --devices 30 --attribute app_version --value 3 --value 42 [--t STEP] [--budget EPS] [--token T]
+//   node examples/send.mjs ... --attribute session_seconds --value 12.5 --value=-4   # a numeric attribute
 //   node examples/send.mjs ... --group device --values '{"dark_mode": "on", "country": 3}'
 //
 // campaign.json: the campaign TOML as JSON (python -c 'import json,sys,tomllib;
@@ -47,8 +48,9 @@ if (!Number.isInteger(n) || n < 1) usage(`--devices must be a positive integer, 
 const t = opts.t === undefined ? campaign.stepAt() : Number(opts.t);
 const token = opts.token ?? (opts['token-file'] ? readFileSync(opts['token-file'], 'utf8').trim() : null);
 const budgetEps = opts.budget === undefined ? null : Number(opts.budget);
-// a value is an index (digits) or a label
-const parseValue = (s) => (/^\d+$/.test(s) ? Number(s) : s);
+// a value is an index (digits) or a label; a numeric attribute's value a number (12.5, -3, 1e3)
+const numeric = Boolean(opts.attribute) && campaign.attribute(opts.attribute).numeric;
+const parseValue = (s) => (numeric ? Number(s) : /^\d+$/.test(s) ? Number(s) : s);
 let values;
 if (opts.attribute) {
   if (!opts.value?.length) usage('--attribute needs at least one --value');

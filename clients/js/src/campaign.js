@@ -1,9 +1,11 @@
 // Campaigns given as JSON objects with the fields of the campaign TOML (wire/campaign.py), which converts 1:1:
 //   python -c 'import json, sys, tomllib; print(json.dumps(tomllib.load(open(sys.argv[1], "rb"))))' campaign.toml
-// {campaign: {id, time_step_seconds, ...}, attributes: [{name, k, protocol, <its parameters>, labels?}, ...],
+// {campaign: {id, time_step_seconds, ...}, attributes: [{name, k, protocol, <its parameters>, labels?}, ...,
+//  {name, type: "numeric", range: [lo, hi], mechanism, eps, <the mechanism's parameters>}, ...],
 //  groups: [{name, attributes: [...], solution, <its parameters>}, ...]}
 import { make } from './registry.js';
 import { makeSolution } from './multidim.js';
+import { MECHANISMS, makeNumeric } from './numeric.js';
 import { LDPError, fingerprintOf } from './util.js';
 
 export class CampaignError extends LDPError {
@@ -28,6 +30,42 @@ export class Attribute {
   label(v) {
     return this.labels.length ? this.labels[v] : String(v);
   }
+
+  /** Whether the attribute is a numeric metric (type = "numeric"): a measurement of [lo, hi], not an index. */
+  get numeric() {
+    return this.protocol !== null && this.protocol.numeric === true;
+  }
+}
+
+/** The kinds of attribute (`type`). */
+export const ATTRIBUTE_TYPES = ['categorical', 'numeric'];
+
+/**
+ * A type = "numeric" attribute (wire/campaign.py _numeric_attribute): range = [lo, hi], a mechanism and its
+ * parameters instead of k and protocol; no labels, no group, defense "none" only.
+ */
+function numericAttribute(name, spec, labels, defense) {
+  if (labels.length) throw new CampaignError(`attribute '${name}' is numeric: it has no labels`);
+  if (defense !== 'none') {
+    throw new CampaignError(`attribute '${name}' is numeric: no report-level poisoning defense applies to a mean (a clipped range bounds what one report can shift); only defense = "none"`);
+  }
+  for (const key of ['k', 'protocol']) {
+    if (key in spec) throw new CampaignError(`attribute '${name}' is numeric: it has a range and a mechanism, not '${key}'`);
+  }
+  const { range, mechanism, ...params } = spec;
+  if (!Array.isArray(range) || range.length !== 2 || !range.every((x) => typeof x === 'number')) {
+    throw new CampaignError(`attribute '${name}' needs range = [lo, hi] (two numbers), got ${JSON.stringify(range)}`);
+  }
+  if (typeof mechanism !== 'string' || !Object.hasOwn(MECHANISMS, mechanism)) {
+    throw new CampaignError(`attribute '${name}' needs a mechanism, one of ${Object.keys(MECHANISMS).join(', ')}; got ${JSON.stringify(mechanism)}`);
+  }
+  let proto;
+  try {
+    proto = makeNumeric(mechanism, { ...params, lo: range[0], hi: range[1] });
+  } catch (exc) {
+    throw new CampaignError(`attribute '${name}': ${exc.message}`);
+  }
+  return new Attribute(name, proto.k, proto);
 }
 
 export class Group {
@@ -119,10 +157,16 @@ export class Campaign {
     const ks = new Map();
     const labelsOf = new Map();
     for (const entry of raw) {
-      const { name, labels: rawLabels = [], defense = 'none', protocol, ...params } = entry ?? {};
+      const { name, labels: rawLabels = [], defense = 'none', type: kind = 'categorical', protocol, ...params } = entry ?? {};
       if (typeof name !== 'string' || !NAME.test(name)) throw new CampaignError(`attribute name must match ${NAME.source}, got ${JSON.stringify(name)}`);
       if (attrs.has(name) || ks.has(name)) throw new CampaignError(`attribute '${name}' is declared twice`);
       const labels = rawLabels.map(String);
+      if (!ATTRIBUTE_TYPES.includes(kind)) throw new CampaignError(`attribute '${name}': type must be one of ${ATTRIBUTE_TYPES.join(', ')}, got ${JSON.stringify(kind)}`);
+      if (kind === 'numeric') {
+        if (memberOf.has(name)) throw new CampaignError(`attribute '${name}' is numeric: it cannot belong to group '${memberOf.get(name)}' (a group's solution reports categorical values)`);
+        attrs.set(name, numericAttribute(name, protocol === undefined ? params : { ...params, protocol }, labels, defense));
+        continue;
+      }
       if (memberOf.has(name)) {
         const extra = Object.keys(params).filter((k) => k !== 'k');
         if (protocol !== undefined) extra.push('protocol');

@@ -2,8 +2,8 @@
 //
 // The stream (key, domain, a) is the RFC 8439 keystream under the 256-bit `key` with the 96-bit nonce
 // (domain, a mod 2^32, floor(a / 2^32)) and the block counter from 0; its word j is the little-endian u64
-// in keystream bytes 8j .. 8j+7. Memoized responses use the device's memo key (PRR, LH_SEED, BITFLIP_*),
-// fresh noise a per-report key (NOISE: row 0 of a batch of one; NOISE_EXT: draws beyond the row's slot).
+// in keystream bytes 8j .. 8j+7. Memoized responses use the device's memo key (PRR, LH_SEED, BITFLIP_*,
+// ONEBIT_ALPHA), fresh noise a per-report key (NOISE: row 0 of a batch of one; NOISE_EXT: draws beyond the row's slot).
 import { chacha20 } from '@noble/ciphers/chacha.js';
 
 // The platform CSPRNG: WebCrypto's getRandomValues (browsers, React Native with a getRandomValues polyfill,
@@ -29,6 +29,7 @@ export const DOMAINS = Object.freeze({
   BITFLIP_J: 0x4a504642, // "BFPJ": dBitFlipPM's sampled buckets
   BITFLIP_BIT: 0x42504642, // "BFPB": dBitFlipPM's memoized bits, a = case
   NOISE_EXT: 0x5458454e, // "NEXT": draws of row a beyond its fixed noise slot
+  ONEBIT_ALPHA: 0x48504c41, // "ALPH": a 1BitMean device's rounding point alpha, a = 0
 });
 
 export const KEY_BYTES = 32;
@@ -147,11 +148,13 @@ export class NoiseDraws {
     this.slot = slot;
     this.main = new Stream(nkey, DOMAINS.NOISE, 0, Math.max(slot, 1));
     this.ext = null;
+    this.extWords = 0; // words of the extension stream read so far (diagnosis)
   }
 
   _at(j) {
     if (j < this.slot) return [this.main, j];
     if (this.ext === null) this.ext = new Stream(this.nkey, DOMAINS.NOISE_EXT, 0, 8);
+    if (j - this.slot >= this.extWords) this.extWords = j - this.slot + 1;
     return [this.ext, j - this.slot];
   }
 

@@ -14,8 +14,10 @@ export { BLH, OLH, LOLOHA, lhHash } from './hashing.js';
 export { DBitFlipPM } from './bitflip.js';
 export { SS } from './subset.js';
 export { SHE, THE, theOptimalTheta } from './histogram.js';
+export { NumericMechanism, Laplace, Duchi, PM, HM, SW, OneBitMean, MECHANISMS, makeNumeric, toUnit, readReport,
+  EPS_STAR } from './numeric.js';
 export { makeSolution, SOLUTIONS, MultiState, Solution, amplifiedEps } from './multidim.js';
-export { Campaign, CampaignError, Attribute, Group, MAX_STEP } from './campaign.js';
+export { Campaign, CampaignError, Attribute, Group, MAX_STEP, ATTRIBUTE_TYPES } from './campaign.js';
 export { encodePayload, decodePayload, encodeSingleReport, base64Encode, base64Decode, checkStep, encodeCompact,
   COMPACT_CONTENT_TYPE } from './wire.js';
 export { Ledger, BudgetExceeded, DeviceStateError, budgetPlan } from './ledger.js';

@@ -135,6 +135,7 @@ export class Ledger {
     this.retired = {};
     this.recorded = {};
     this.fingerprints = {};
+    this.clippedCounts = {}; // numeric attribute -> values clipped to its range by this object (never stored or sent)
     this.broken = {};
     this.changedScopes = new Set();
     this.storage.lock?.();
@@ -211,7 +212,11 @@ export class Ledger {
         const part = raw[key] ?? {};
         const out = {};
         for (const [k, v] of Object.entries(part)) {
-          if (!Number.isInteger(v)) throw new Error(`${key}.${k} is not an integer`);
+          // a numeric attribute's last value is a measurement (any finite number); every other entry an integer
+          const numericLast = key === 'last_values' && this.campaign.attributes.get(k)?.numeric;
+          if (numericLast ? !(typeof v === 'number' && Number.isFinite(v)) : !Number.isInteger(v)) {
+            throw new Error(`${key}.${k} is not ${numericLast ? 'a finite number' : 'an integer'}`);
+          }
           out[k] = v;
         }
         this[{ spent_reports: 'spentReports', memo_slots: 'memoSlots', last_values: 'lastValues', group_reports: 'groupReports' }[key]] = out;
@@ -529,9 +534,35 @@ export class Ledger {
     return this.groupSteps(group);
   }
 
+  /** A numeric attribute's measurement: a finite number (outside the range it is clipped when randomized). */
+  numericValue(attribute, value) {
+    if (typeof value !== 'number') {
+      throw new LDPError(`value ${typeof value === 'string' ? JSON.stringify(value) : String(value)} of numeric attribute '${attribute}' must be a number`);
+    }
+    if (!Number.isFinite(value)) throw new LDPError(`value ${value} of numeric attribute '${attribute}' is not a finite number`);
+    return value;
+  }
+
+  /** How many values of numeric `attribute` this object clipped to the range before randomizing them (kept on the
+   * device: the server never learns which reports were clipped). */
+  clipped(attribute) {
+    this.campaign.attribute(attribute);
+    return this.clippedCounts[attribute] ?? 0;
+  }
+
+  /** One value as the protocol's input: a domain index (categorical) or a measurement (numeric, clipping counted). */
+  inputValue(attribute, value) {
+    const a = this.campaign.attribute(attribute);
+    if (!a.numeric) return this.valueIndex(attribute, value);
+    const v = this.numericValue(attribute, value);
+    if (a.protocol.clipped(v)) this.clippedCounts[attribute] = (this.clippedCounts[attribute] ?? 0) + 1;
+    return v;
+  }
+
   /** The domain index of `value`: an index in [0, k) or one of the attribute's labels. */
   valueIndex(attribute, value) {
     const a = this.campaign.attribute(attribute);
+    if (a.numeric) throw new LDPError(`attribute '${attribute}' is numeric: its values are measurements (numbers), not domain indices`);
     if (typeof value === 'string') {
       const i = a.labels.indexOf(value);
       if (i >= 0) return i;
@@ -545,10 +576,11 @@ export class Ledger {
   }
 
   // ------------------------------------------------------------------ randomizing
-  /** Randomize one value (report bytes), enforcing and recording the budget (may freeze; BudgetExceeded). */
+  /** Randomize one value (report bytes; a numeric attribute's: a measurement, clipped to its range), enforcing and
+   * recording the budget (may freeze; BudgetExceeded). */
   randomize(attribute, value) {
     const proto = this.own(attribute);
-    const v = this.valueIndex(attribute, value);
+    const v = this.inputValue(attribute, value);
     this.usable(`a:${attribute}`);
     const st = this.states[attribute];
     const reserved = this.reserved();

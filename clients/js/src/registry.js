@@ -8,6 +8,7 @@ import { BLH, OLH, LOLOHA } from './hashing.js';
 import { DBitFlipPM } from './bitflip.js';
 import { SS } from './subset.js';
 import { SHE, THE } from './histogram.js';
+import { makeNumeric } from './numeric.js';
 import { LDPError } from './util.js';
 
 const L = ['k', 'eps_inf', 'eps_1', 'calibration'];
@@ -56,8 +57,12 @@ export function make(name, params = {}) {
   return new Cls(params);
 }
 
-/** Inverse of proto.params(). */
+/** Inverse of proto.params() (a numeric mechanism's parameters name their `mechanism`). */
 export function fromParams(params) {
+  if (params.mechanism !== undefined && params.protocol === undefined) {
+    const { mechanism, ...own } = params;
+    return makeNumeric(mechanism, own);
+  }
   const { protocol, chosen, ...rest } = params;
   return make(protocol, rest);
 }

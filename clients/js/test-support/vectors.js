@@ -37,3 +37,6 @@ export function deepClose(a, b, rel = 1e-12) {
 
 /** The ledger campaign of the vectors as JSON (tomllib's reading of its TOML; tests/test_js_client.py checks it). */
 export const LEDGER_CAMPAIGN = JSON.parse(readFileSync(join(FIXTURES, 'ledger-campaign.json'), 'utf8'));
+
+/** The campaign of the numeric ledger vectors as JSON (tomllib's reading of its TOML; tests/test_js_client.py checks it). */
+export const NUMERIC_LEDGER_CAMPAIGN = JSON.parse(readFileSync(join(FIXTURES, 'ledger-numeric-campaign.json'), 'utf8'));
