@@ -215,3 +215,29 @@ def test_calibration_mse_matches_the_variance_for_every_protocol(calibration: Pa
     pooled = np.mean([r["mse_over_variance"] for r in rows])
     assert abs(pooled - 1) <= SIGMAS * math.sqrt(np.mean(np.square(bounds)) / len(rows))
     assert len(list(calibration.glob("calibration_*.png"))) == 6
+
+
+# ====================================================================== numeric (Wang et al., Li et al., DKY)
+def test_numeric_quick_checks_the_papers_orderings(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """``ldp experiment numeric --quick``: PM below Duchi in the worst case above ε ≈ 1.29 and HM below both
+    (Wang et al., ICDE 2019; the survey of Wang, Zhang, Feng & Yang), SW+EMS below the debiased PM histogram
+    in W1, 1BitMean's memoized loss below re-randomizing's; every check within the repetitions' standard errors."""
+    out = _experiment(tmp_path_factory, "numeric", "--quick")
+    checks = read_csv(out / "checks.csv")
+    failed = [c for c in checks if not c["holds"]]
+    assert not failed, failed
+    claims = {c["claim"] for c in checks}
+    for claim in ("worst-case crossover of PM and Duchi ≈ 1.29", "worst case: PM not above Duchi above ε ≈ 1.29",
+                  "worst case: PM significantly below Duchi at the largest ε",
+                  "worst case: HM not above min(PM, Duchi)", "data: HM never worse than both PM and Duchi",
+                  "W1: SW+EMS significantly below PM debiased", "W1: SW+EMS not above PM+EMS",
+                  "1BitMean: a device whose value stays put costs one ε_memo",
+                  "1BitMean: memoized loss ≤ (s+1) ε_memo < re-randomizing", "MSE = variance of the implemented law"):
+        assert claim in claims, claim
+    cross = {r["dataset"]: r for r in read_csv(out / "crossover.csv")}
+    assert round(cross["worst case"]["eps_crossover_paper"], 2) == 1.29
+    for r in read_csv(out / "onebit.csv"):
+        assert r["memo_loss_max"] <= r["memo_bound"] < r["rerandomize_loss"] == pytest.approx(100 * r["eps_first"])
+    for name in ("config.json", "mean.csv", "worst_case.csv", "wasserstein.csv", "onebit_loss.csv", "worst_case.png",
+                 "mse_vs_eps.png", "wasserstein.png", "onebit.png"):
+        assert (out / name).stat().st_size > 0, name

@@ -460,7 +460,9 @@ def test_broker_unknown_error_is_retried_and_a_refusal_commits_nothing_unacknowl
 
     campaign = _campaign()
     boot = local_stack.info.kafka_bootstrap
-    per_step = 3 * 5 + 3 * 2 + 6  # 3,000 devices, batches of 700: 5 per attribute, about 2 per group attribute
+    # 3,000 devices, batches of 700: 5 per own attribute, about 2 per group attribute, and a watermark each
+    own = len(campaign.ungrouped)
+    per_step = own * 5 + (len(campaign.attributes) - own) * 2 + len(campaign.attributes)
     # UnknownError (twice) in the middle of step 1: retried, the step sent again from its first unacknowledged
     # message, the same bytes
     topic = f"fr-unknown-{uuid.uuid4().hex[:8]}"

@@ -481,8 +481,8 @@ def test_retention_check_formula_message_and_what_fits() -> None:
     print(msg)
     fits = int(re.search(r"Lower retention_steps .* to ([\d,]+) or less", msg).group(1).replace(",", ""))
     raise_to = int(re.search(r"raise Redis maxmemory to ([\d,]+) B", msg).group(1).replace(",", ""))
-    for text in (f"campaign {demo.id}", f"retention_steps {demo.retention_steps:,} × 6 attributes × "
-                 f"{need.step_bytes / 6:,.0f} B per attribute and step", f"= {need.total:,} B",
+    for text in (f"campaign {demo.id}", f"retention_steps {demo.retention_steps:,} × {len(demo.attributes)} attributes × "
+                 f"{need.step_bytes / len(demo.attributes):,.0f} B per attribute and step", f"= {need.total:,} B",
                  f"{64 << 20:,} B (64.0 MiB, maxmemory of redis://h:6379/0 (CONFIG GET maxmemory))", "80%",
                  f"device_model {step_bytes(demo.attributes['device_model'], 100):,}", "100 batches per step",
                  "LDP_RETENTION_BATCHES_PER_STEP"):
@@ -581,7 +581,7 @@ def test_a_worker_refuses_a_retention_that_does_not_fit(local_stack, tmp_path) -
     print(log)
     need = campaign_need(demo)
     assert code == 2, log
-    for text in ("error:", f"campaign {demo.id}", f"retention_steps {demo.retention_steps:,} × 6 attributes",
+    for text in ("error:", f"campaign {demo.id}", f"retention_steps {demo.retention_steps:,} × {len(demo.attributes)} attributes",
                  f"= {need.total:,} B", "67,108,864 B (64.0 MiB, LDP_REDIS_MEMORY_BYTES)", "Lower retention_steps",
                  "raise Redis maxmemory to"):
         assert text in log, text

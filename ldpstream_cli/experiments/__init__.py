@@ -6,6 +6,8 @@ poisoning experiment, each writing ``config.json``, CSV files and PNG plots (mat
   (:mod:`.allomfree`);
 * ``numerical``: DCN 2022, Tables 1-2 and EDBT 2023, Figs. 1-2 under both calibrations (:mod:`.numerical`);
 * ``calibration``: empirical MSE against the analytical variance of every protocol (:mod:`.calibration`);
+* ``numeric``: the numeric mechanisms (Laplace, Duchi, PM, HM, SW, 1BitMean) against their papers' claims, on
+  synthetic data and Adult (:mod:`.numeric`);
 * ``poisoning``: Cao, Jia & Gong's attacks and the defenses (:mod:`ldpstream_cli.experiment_poisoning`).
 
 The shared machinery (seeded parallel repetitions, files, configuration, wall time) is :mod:`.runner`.
@@ -17,7 +19,7 @@ import importlib
 import typer
 
 #: modules under ldpstream_cli/experiments/ with a ``register(group)``, in the order of ``ldp experiment --help``
-EXPERIMENTS = ("longitudinal", "allomfree", "numerical", "calibration")
+EXPERIMENTS = ("longitudinal", "allomfree", "numerical", "calibration", "numeric")
 
 
 def register(app: typer.Typer) -> None:
