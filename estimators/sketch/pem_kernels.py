@@ -21,7 +21,7 @@ _U32 = np.uint64(32)
 __all__ = ["candidate_support", "candidate_support_np"]
 
 
-@nb.njit(parallel=True, cache=True, nogil=True)
+@nb.njit(parallel=False, cache=True, nogil=True)  # serial: a parallel kernel doubles the cold compile
 def candidate_support(hseeds, ys, cands, g):
     """``C[j] = #{i : H_{hseeds[i]}(cands[j]) == ys[i]}``, ``int64 (len(cands),)``; O(n |cands|)."""
     n = hseeds.shape[0]

@@ -68,7 +68,7 @@ def _u32(words, b):
     return (words[b >> 1] >> (_U32 * np.uint64(b & 1))) & LO32
 
 
-@nb.njit(parallel=True, cache=True, nogil=True)
+@nb.njit(parallel=False, cache=True, nogil=True)  # serial: a parallel kernel doubles the cold compile
 def rappor_randomize(ids, pos, keys, seen, slots, nkey, t1p, t1q, t2p, t2q, m, irr):
     """RAPPOR reports of ``n`` devices, ``m`` bits packed little-endian into ``uint8 (n, ceil(m/8))``.
 
