@@ -3,22 +3,19 @@
 (``estimators/numeric/__init__.py``)."""
 from __future__ import annotations
 
+import importlib
+from collections.abc import Iterator, Mapping
 from typing import Any, TypeVar
 
 from .adaptive import ADP, LADP
 from .base import Protocol
 from .bitflip import DBitFlipPM
 from .direct import GRR, LGRR
-from .duchi import Duchi
 from .errors import LDPError
 from .hadamard import FHR, HR
 from .hashing import BLH, LOLOHA, OLH
 from .histogram import SHE, THE
-from .laplace import Laplace
 from .numeric import NumericMechanism
-from .onebit import OneBitMean
-from .piecewise import HM, PM
-from .square_wave import SW
 from .subset import SS
 from .unary import LOSUE, LOUE, LSOUE, LSUE, OUE, SUE
 
@@ -29,8 +26,26 @@ T = TypeVar("T")
 PROTOCOLS: dict[str, type[Protocol]] = {c.name: c for c in (
     GRR, SUE, OUE, ADP, LGRR, LSUE, LOUE, LOSUE, LSOUE, LADP, HR, FHR, BLH, OLH, LOLOHA, DBitFlipPM, SS, SHE, THE)}
 
+class _Mechanisms(Mapping):
+    """Name -> class of the numeric mechanisms, each module imported on first use (a device that reports no
+    numeric attribute never loads them: ``import ldp_device`` stays light)."""
+
+    _WHERE = {"Laplace": ("laplace", "Laplace"), "Duchi": ("duchi", "Duchi"), "PM": ("piecewise", "PM"),
+              "HM": ("piecewise", "HM"), "SW": ("square_wave", "SW"), "1BitMean": ("onebit", "OneBitMean")}
+
+    def __getitem__(self, name: str) -> type[NumericMechanism]:
+        module, cls = self._WHERE[name]
+        return getattr(importlib.import_module(f"{__package__}.{module}"), cls)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._WHERE)
+
+    def __len__(self) -> int:
+        return len(self._WHERE)
+
+
 #: the numeric mechanisms of a ``type = "numeric"`` attribute, by name (``estimators.numeric.MECHANISMS``)
-MECHANISMS: dict[str, type[NumericMechanism]] = {c.name: c for c in (Laplace, Duchi, PM, HM, SW, OneBitMean)}
+MECHANISMS: Mapping[str, type[NumericMechanism]] = _Mechanisms()
 
 
 def lookup(table: dict[str, T], name: str, what: str) -> T:
