@@ -48,9 +48,10 @@ from typing import Any
 
 import numpy as np
 
-from ..base import FrequencyProtocol, check_eps
+from ..base import check_eps
 from ..errors import InvalidReports, LDPError
 from ..randomness import noise_key, rejection_limit, split_threshold
+from .base import OpenDomainProtocol
 from .cms_kernels import ROW_BYTES, cms_randomize, fwht_rows, hcms_randomize
 from .hashing import row_seeds, sketch_hash, value_id
 
@@ -85,7 +86,7 @@ def _ids(values) -> np.ndarray:
         raise LDPError(f"invalid id: {exc}") from None
 
 
-class _CountMeanSketch(FrequencyProtocol):
+class _CountMeanSketch(OpenDomainProtocol):
     """What CMS and HCMS share: parameters, rows, ids, the debiased estimator from the sketch matrix."""
 
     flip_bits: int
@@ -108,10 +109,6 @@ class _CountMeanSketch(FrequencyProtocol):
 
     def params(self) -> dict[str, Any]:
         return {"protocol": self.name, "eps": self.eps, "m": self.m, "k": self.k, "seed": self.seed}
-
-    @property
-    def domain_size(self) -> int:
-        raise LDPError(f"{self.name} estimates over an open domain: pass the candidate ids to estimate()")
 
     def _flip_eps(self, times: int = 1) -> float:
         """``times · log((2^bits - T) / T)`` at 60 digits, then rounded once (so never above ``eps``)."""
