@@ -24,5 +24,9 @@ def warm_up_protocol(proto: FrequencyProtocol, reports: np.ndarray, *, defended:
         if defended and family(proto) == "unary":
             implausible(proto, batch)
         support = proto.support(batch)
+    n = max(len(reports), 1)
+    if getattr(proto, "open_domain", False):  # a sketch or heavy hitter: candidates' estimates and the top-K
+        proto.top_k(support, n, 1, candidates=np.zeros(1, dtype=np.uint64))  # type: ignore[attr-defined]
+        return
     estimate = getattr(proto, "estimate_mean", proto.estimate)  # a numeric attribute's protocol estimates a mean
-    estimate(support, max(len(reports), 1))  # type: ignore[possibly-undefined]
+    estimate(support, n)  # type: ignore[possibly-undefined]

@@ -29,6 +29,7 @@ _enabled = False
 
 #: route (path regex) -> schema of its 200 answer; every 4xx answer is ``api-error.v1``
 _ROUTES = ((re.compile(r"^/estimates/[^/]+/[^/]+/history/?$"), "api-history.v1"),
+           (re.compile(r"^/estimates/[^/]+/[^/]+/query/?$"), "api-query.v1"),
            (re.compile(r"^/estimates/[^/]+/[^/]+/?$"), "estimate.v1"),
            (re.compile(r"^/campaigns/?$"), "api-campaigns.v1"),
            (re.compile(r"^/status/?$"), "api-status.v1"),

@@ -1,5 +1,6 @@
-"""Evolving populations of device values (one array per time step): categorical (:class:`EvolvingPopulation`)
-and numeric (:class:`DriftingMetric`).
+"""Evolving populations of device values (one array per time step): categorical (:class:`EvolvingPopulation`),
+numeric (:class:`DriftingMetric`) and open-domain strings (an :class:`EvolvingPopulation` over
+:data:`OPEN_DOMAIN_VALUES` strings, :func:`open_population`, the values named by :func:`open_value`).
 
 * ``uniform``: every step, each device holds a uniform value.
 * ``zipf``: values follow a Zipf law (exponent ``s``) over the domain, through a random
@@ -16,6 +17,8 @@ from dataclasses import dataclass, field
 from typing import Iterator, Literal
 
 import numpy as np
+
+from estimators.sketch.hashing import value_ids
 
 Kind = Literal["uniform", "zipf", "syn"]
 KINDS: tuple[str, ...] = ("uniform", "zipf", "syn")
@@ -38,6 +41,7 @@ class EvolvingPopulation:
     base: Literal["uniform", "zipf"] = "uniform"
     zipf_s: float = 1.1
     rng: np.random.Generator = field(default_factory=np.random.default_rng)
+    permute: bool = True  # Zipf ranks through a random permutation of the values (else value r has rank r)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -47,7 +51,9 @@ class EvolvingPopulation:
         if self.n < 1 or self.k < 2:
             raise ValueError("a population needs n >= 1 devices and a domain k >= 2")
         dist = "zipf" if self.kind == "zipf" else self.base
-        self._p = None if dist == "uniform" else zipf_weights(self.k, self.zipf_s)[self.rng.permutation(self.k)]
+        self._p = None if dist == "uniform" else zipf_weights(self.k, self.zipf_s)
+        if self._p is not None and self.permute:
+            self._p = self._p[self.rng.permutation(self.k)]
         self.values: np.ndarray | None = None
         self.t = -1
 
@@ -79,6 +85,30 @@ class EvolvingPopulation:
         """Histogram of the current values."""
         assert self.values is not None, "call step() first"
         return np.bincount(self.values, minlength=self.k) / self.n
+
+
+#: how many distinct strings the simulated devices of an open-domain attribute draw from
+OPEN_DOMAIN_VALUES = 1_000_000
+
+
+def open_population(n: int, p_change: float, zipf_s: float, rng: np.random.Generator) -> EvolvingPopulation:
+    """The simulated input of a ``type = "string"`` attribute: ``n`` devices whose values are indices of
+    :data:`OPEN_DOMAIN_VALUES` strings, Zipf(``zipf_s``) with index ``r`` the ``r+1``-th most likely (no
+    permutation: :func:`open_value` of the top ranks names the heavy hitters), changing with the Syn model's churn."""
+    return EvolvingPopulation(n, OPEN_DOMAIN_VALUES, kind="syn", p_change=p_change, base="zipf", zipf_s=zipf_s,
+                              rng=rng, permute=False)
+
+
+def open_value(attribute: str, index: int) -> str:
+    """The string a simulated device of ``attribute`` holds as its value ``index`` (``crash-0000003``)."""
+    return f"{attribute}-{index:07d}"
+
+
+def open_value_ids(attribute: str, indices: np.ndarray) -> np.ndarray:
+    """The 64-bit ids (:func:`estimators.sketch.value_id`) of the strings of ``indices``, ``uint64``: each distinct
+    string hashed once."""
+    uniq, inverse = np.unique(np.asarray(indices, dtype=np.int64), return_inverse=True)
+    return value_ids(open_value(attribute, int(i)) for i in uniq)[inverse]
 
 
 @dataclass

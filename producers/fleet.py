@@ -85,12 +85,13 @@ from estimators.base import FrequencyProtocol, uint_dtype
 from estimators.errors import LDPError
 from estimators.fileio import atomic_write, fsync_dir
 from estimators.numeric.protocol import NumericProtocol
+from estimators.sketch.base import OpenDomainProtocol
 from wire.campaign import Campaign
 from wire.envelope import pack_reports, pack_watermark
 from wire.topics import REPORTS_TOPIC, message_key
 from wire.transport import kafka_client_options
 
-from .datasets import KINDS, DriftingMetric, EvolvingPopulation
+from .datasets import KINDS, DriftingMetric, EvolvingPopulation, open_population, open_value, open_value_ids
 
 __all__ = ["FleetConfig", "Fleet", "StepData", "FleetSummary", "Progress", "FleetStateError", "PublishError",
            "publish", "publish_sync", "ensure_topic"]
@@ -252,6 +253,8 @@ def true_frequencies(proto: FrequencyProtocol, values: np.ndarray) -> np.ndarray
     attribute, ``[mean of the values clipped to the range]``: what its estimate targets."""
     if isinstance(proto, NumericProtocol):
         return np.array([np.clip(values, proto.lo, proto.hi).mean() if len(values) else 0.0])
+    if isinstance(proto, OpenDomainProtocol):  # no domain to histogram: the truth is :func:`_open_truth`'s
+        return np.zeros(0)
     v = values
     if proto.domain_size != proto.k and hasattr(proto, "bucket"):
         v = proto.bucket(values)
@@ -267,6 +270,25 @@ def _numeric_truth(data: StepData) -> dict[str, Any]:
     v = np.clip(data.values, proto.lo, proto.hi)
     return {"true_mean": float(v.mean()), "clipped": data.clipped,
             "true_quantiles": dict(zip(("p50", "p90", "p99"), np.quantile(v, [0.5, 0.9, 0.99]).tolist()))}
+
+
+#: the most frequent true items an open-domain attribute's step summary lists
+TRUE_TOP = 50
+
+
+def _open_truth(data: StepData) -> dict[str, Any]:
+    """An open-domain attribute's step as its estimate targets it: the ``TRUE_TOP`` most frequent strings, each
+    with the item of its id (16 hex digits), its count and frequency, most frequent first; empty for other
+    attributes."""
+    proto = data.proto
+    if not isinstance(proto, OpenDomainProtocol):
+        return {}
+    idx, counts = np.unique(data.values, return_counts=True)
+    order = np.lexsort((idx, -counts))[:TRUE_TOP]
+    items = proto.items_of(open_value_ids(data.attribute, idx[order]))
+    n = max(len(data.values), 1)
+    return {"true_top": [{"item": f"{int(i):016x}", "value": open_value(data.attribute, int(v)), "count": int(c),
+                          "frequency": int(c) / n} for i, v, c in zip(items, idx[order], counts[order])]}
 
 
 # --------------------------------------------------------------------------- the fleet
@@ -326,6 +348,9 @@ class Fleet:
             rng = np.random.default_rng([self.population_seed, _attr_tag(name), _POPULATION])
             if isinstance(proto, NumericProtocol):
                 self.populations[name] = DriftingMetric(c.n_devices, proto.lo, proto.hi, p_change=c.p_change, rng=rng)
+                continue
+            if self.campaign.attributes[name].open_domain:  # strings of a Zipf law, whatever the categorical dataset
+                self.populations[name] = open_population(c.n_devices, c.p_change, c.zipf_s, rng)
                 continue
             self.populations[name] = EvolvingPopulation(
                 c.n_devices, self.proto(name).k, kind=c.dataset, p_change=c.p_change,  # type: ignore[arg-type]
@@ -409,9 +434,21 @@ class Fleet:
         """Advance ungrouped attribute ``name``'s population to step ``t`` and randomize every device once."""
         proto = self.proto(name)
         values = self._values_at(name, t)
-        reports = proto.randomize(values, self._device_rng(_attr_tag(name), _RANDOMIZE, t), state=self.states[name])
+        reports = proto.randomize(self.inputs(name, values), self._device_rng(_attr_tag(name), _RANDOMIZE, t),
+                                  state=self.states[name])
         return StepData(name, t, values, reports, true_frequencies(proto, values),
                         proto.support(reports), int(values.shape[0]), proto=proto)
+
+    def inputs(self, name: str, values: np.ndarray) -> np.ndarray:
+        """What the devices of ungrouped attribute ``name`` randomize for their true ``values``: the values, or for
+        an open-domain attribute the 64-bit ids of the strings they hold (hashed on the device side)."""
+        return open_value_ids(name, values) if self.campaign.attributes[name].open_domain else values
+
+    def value_bound(self, name: str) -> int:
+        """The values of ``name``'s population lie in ``[0, value_bound)`` (an open-domain attribute: the indices
+        of its strings)."""
+        pop = self.populations[name]
+        return pop.k if isinstance(pop, EvolvingPopulation) else self.proto(name).k
 
     def randomize_group(self, group: str, t: int) -> list[StepData]:
         """Advance the group's attributes to step ``t`` and randomize every device once through the group's
@@ -517,7 +554,7 @@ class Fleet:
                 vals = self.populations[attr].values
                 if vals is not None:
                     numeric = isinstance(self.proto(attr), NumericProtocol)  # a numeric metric: the baselines
-                    put(f"{attr}.values.npy", npy(vals.astype(np.float64 if numeric else uint_dtype(self.proto(attr).k))))
+                    put(f"{attr}.values.npy", npy(vals.astype(np.float64 if numeric else uint_dtype(self.value_bound(attr)))))
             for d in data or ():
                 put(f"{d.attribute}.reports.npy", npy(d.reports))
             manifest = {"format": _SNAPSHOT_FORMAT, "t": t, "files": files, "batch_size": self.config.batch_size,
@@ -735,9 +772,10 @@ class Fleet:
                 vals = _read(vpath, lambda: np.load(vpath, allow_pickle=False).astype(np.float64 if numeric else np.int64))
                 if numeric and (vals.shape != (self.n_devices,) or not np.all(np.isfinite(vals))):
                     raise FleetStateError(f"{vpath} does not hold {self.n_devices} finite baselines; {_CORRUPT}")
+                bound = self.value_bound(attr)
                 if not numeric and (vals.shape != (self.n_devices,)
-                                    or (vals.size and (int(vals.min()) < 0 or int(vals.max()) >= proto.k))):
-                    raise FleetStateError(f"{vpath} does not hold {self.n_devices} values of [0, {proto.k}); "
+                                    or (vals.size and (int(vals.min()) < 0 or int(vals.max()) >= bound))):
+                    raise FleetStateError(f"{vpath} does not hold {self.n_devices} values of [0, {bound}); "
                                           f"{_CORRUPT}")
                 pop = self.populations[attr]
                 pop.values = vals
@@ -1078,7 +1116,7 @@ async def _publish(fleet: Fleet, bootstrap: str, topic: str, *, on_progress: Pro
                 if keep_supports:
                     summary.per_step[(attr, t)] = {"n": data.n, "support": data.support,
                                                    "true_frequencies": data.true_frequencies,
-                                                   **_numeric_truth(data)}
+                                                   **_numeric_truth(data), **_open_truth(data)}
             del unit_data
             if unit is None or unit == fleet.units[-1]:  # end of step t
                 if persist or on_step is not None:

@@ -98,6 +98,12 @@ class Worker:
         if self._send_estimate is not None:
             await self._send_estimate(estimate_key(doc["campaign"], doc["attribute"], doc["t"]), doc)
 
+    async def step_counts(self, campaign: str, attribute: str, t: int) -> tuple[Any, int]:
+        """Step ``t``'s support counts and ``n`` (zeros and 0 for a step without reports)."""
+        proto = self.campaigns[campaign].attributes[attribute].protocol
+        state = await self.store.read_step(campaign, attribute, t, proto.support_size)
+        return state["counts"], int(state["n"])
+
     def status(self) -> dict[str, Any]:
         """This worker for ``GET /status``: ids, assigned partitions, estimator lease, messages processed,
         ``healthy`` and the ``problems`` that keep it from progressing (:mod:`stream_app.health`)."""
@@ -293,5 +299,6 @@ def create_app(settings: WorkerSettings, *, campaigns: dict[str, Campaign] | Non
     register(app, WebContext(
         campaigns=campaigns, status=worker.status, render_metrics=worker.metrics.render,
         latest_estimate=lambda c, a: worker.store.latest_estimate_json(c, a),
-        estimate_history=lambda c, a: worker.store.estimates(c, a)))
+        estimate_history=lambda c, a: worker.store.estimates(c, a),
+        step_counts=worker.step_counts))
     return app

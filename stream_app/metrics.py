@@ -136,6 +136,11 @@ class Metrics:
             "ldp_estimated_quantile", "Estimated quantile (metric units; p50, p90, p99) of a numeric attribute whose "
             "mechanism estimates a distribution (Square Wave), at the latest step; bound = value, lower or upper "
             "(the 95% bootstrap interval, on finals).", ca + ["percentile", "bound"], registry=r)
+        self.top_frequency = Gauge(
+            "ldp_estimated_top_frequency_ratio", "An open-domain attribute's top-K at the latest step: the estimated "
+            "frequency of the item of each rank (1 = most frequent); item = its 16-hex-digit id, value = the "
+            "candidate that names it (empty if none). The series of a rank is replaced when its item changes.",
+            ca + ["rank", "item", "value"], registry=r)
 
     # ------------------------------------------------------------------ helpers
     def per_value(self, k: int) -> bool:

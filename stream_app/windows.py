@@ -107,6 +107,7 @@ from typing import Any, Awaitable, Callable, Protocol
 import numpy as np
 
 from estimators.numeric.protocol import QUANTILES
+from estimators.sketch.base import Z95
 from estimators.poisoning import detection_score, detection_threshold
 from wire.campaign import Attribute, Campaign
 from wire.estimates import SCHEMA_VERSION, STATUS_INSUFFICIENT, STATUS_OK
@@ -186,6 +187,7 @@ def build_estimate(campaign: Campaign, attr: Attribute, t: int, state: StepState
     ``"wall"`` for a wall-clock step of the HTTP ingest, ``"logical"`` for a fleet's numbered step."""
     proto = attr.protocol
     numeric: dict[str, Any] = {}
+    open_domain: dict[str, Any] = {}
     counted = int(state["n"])
     n, rejected = counted, int(state.get("rejected") or 0)
     if defended is not None:
@@ -199,6 +201,10 @@ def build_estimate(campaign: Campaign, attr: Attribute, t: int, state: StepState
     elif enough and attr.numeric:
         numeric = numeric_fields(campaign, attr, t, state["counts"], n, final=final)
         var, half = numeric["mean_variance"], numeric["mean_ci95_halfwidth"]
+    elif enough and attr.open_domain:
+        open_domain = open_fields(attr, state["counts"], n)
+        var = float(proto.variance(n))
+        half = 1.96 * math.sqrt(var)
     elif enough:
         counts = state["counts"]
         freq = proto.estimate(counts, n).tolist()
@@ -238,6 +244,7 @@ def build_estimate(campaign: Campaign, attr: Attribute, t: int, state: StepState
         "clock": "wall" if state.get("wall") else "logical",
         "complete": incomplete is None, "incomplete": incomplete, "expected_n": expected or None,
         **_numeric_doc(attr, numeric),
+        **_open_doc(attr, open_domain),
     }
 
 
@@ -246,9 +253,43 @@ def _numeric_doc(attr: Attribute, numeric: dict[str, Any]) -> dict[str, Any]:
     attribute, and for a numeric one whose step is insufficient."""
     empty = {"mean": None, "mean_variance": None, "mean_ci95_halfwidth": None, "mean_ci95": None,
              "distribution": None, "quantiles": None}
+    if attr.open_domain:
+        return {"kind": attr.value_type, "range": None, **empty}
     if not attr.numeric:
         return {"kind": "categorical", "range": None, **empty}
     return {"kind": "numeric", "range": [attr.protocol.lo, attr.protocol.hi], **empty, **numeric}
+
+
+def _open_doc(attr: Attribute, fields: dict[str, Any]) -> dict[str, Any]:
+    """The open-domain fields of an estimate (``docs/estimates.md``, "Open-domain attributes"): null for other
+    attributes, and for an open-domain one whose step is insufficient."""
+    return {"top_k": fields.get("top_k"), "candidates": fields.get("candidates")}
+
+
+def _value_text(attr: Attribute, value: str | int) -> str:
+    """A candidate as the estimates write it: the string, or a ``u64``'s decimal digits (exact in JSON readers
+    whose numbers are doubles)."""
+    return value if isinstance(value, str) else str(int(value))
+
+
+def open_fields(attr: Attribute, counts: Any, n: int) -> dict[str, Any]:
+    """An open-domain attribute's step: its top-``top`` items, each with its id (16 hex digits: the item's smallest
+    id), the candidate that names it (or null), its frequency and 95% interval; and the frequency of every
+    candidate of the campaign with its 95% interval."""
+    proto = attr.protocol
+    names = attr.candidate_names()
+    ids = attr.candidate_ids()
+    top = proto.top_k(counts, n, attr.top, candidates=ids if ids.size else None)
+    top_k = [{"item": f"{int(i):016x}", "value": _value_text(attr, names[int(i)]) if int(i) in names else None,
+              "frequency": float(f), "ci95": [float(lo), float(hi)]}
+             for i, f, lo, hi in zip(top.items, top.freq, top.lo, top.hi)]
+    cands = None
+    if ids.size:
+        f = np.asarray(proto.estimate(counts, n, ids), dtype=np.float64)
+        half = Z95 * np.sqrt(np.asarray(proto.variance_exact(np.clip(f, 0.0, 1.0), n), dtype=np.float64))
+        cands = [{"value": _value_text(attr, c), "frequency": float(x), "ci95": [float(x - h), float(x + h)]}
+                 for c, x, h in zip(attr.candidates, f, half)]
+    return {"top_k": top_k, "candidates": cands}
 
 
 def numeric_fields(campaign: Campaign, attr: Attribute, t: int, counts: Any, n: int, *, final: bool) -> dict[str, Any]:
@@ -341,6 +382,7 @@ class Estimator:
         #: ``"count_regression:<campaign>/<attribute>/<t>"`` with campaign, attribute, t, final_n, store_n,
         #: revision and, once the store's n is back at the final's, recovered_at.
         self.alarms: dict[str, dict[str, Any]] = {}
+        self._top_series: dict[tuple[str, str], set[tuple[str, str, str]]] = {}  # exported top-K series
         self._state: dict[tuple[str, str], _AttrState] = {}
         self._stopping = asyncio.Event()
 
@@ -814,10 +856,25 @@ class Estimator:
                 else:  # a provisional estimate has no interval: no stale bounds of an older final next to it
                     with contextlib.suppress(KeyError):
                         m.estimated_quantile.remove(*lab, name, bound)
+        if doc.get("top_k") is not None:
+            self._export_top(lab, doc["top_k"])
         freq = doc["frequencies"]
         if freq is not None and m.per_value(a.k):  # off by default: k series (stream_app.metrics)
             for j, f in enumerate(freq):
                 m.estimated_frequency.labels(c.id, a.name, a.label(j) if a.labels else str(j)).set(f)
+
+
+    def _export_top(self, lab: tuple[str, str], top_k: list[dict[str, Any]]) -> None:
+        """The top-K of an open-domain attribute as one series per rank, the old series of a rank removed when its
+        item changes (K series per attribute, whatever the number of items ever seen)."""
+        gauge = self.metrics.top_frequency
+        new = {(str(rank), e["item"], e["value"] or ""): e["frequency"] for rank, e in enumerate(top_k, 1)}
+        for old in self._top_series.get(lab, set()) - set(new):
+            with contextlib.suppress(KeyError):
+                gauge.remove(*lab, *old)
+        for key, f in new.items():
+            gauge.labels(*lab, *key).set(f)
+        self._top_series[lab] = set(new)
 
 
 def _regression_name(c: Campaign, a: Attribute, t: int) -> str:

@@ -26,6 +26,14 @@ range = [0.0, 600.0]         # [lo, hi]: values outside are clipped to the neare
 mechanism = "PM"             # any name of estimators.numeric.MECHANISMS
 eps = 1.0                    # the mechanism's parameters (estimators.numeric.make_numeric keywords)
 
+[[attributes]]
+name = "crash_signature"     # an open-domain attribute: values nobody listed in advance
+type = "string"              # a string (its id: value_id, the first 8 bytes of its SHA-256), or "u64" (an integer)
+protocol = "CMS"             # any name of estimators.sketch.OPEN_PROTOCOLS
+eps = 4.0                    # the protocol's parameters (estimators.sketch.make_open keywords); seed: below
+top = 10                     # items in each estimate's top-K (default 10)
+candidates = ["...", ...]    # optional: values whose frequencies every estimate carries, and names of found items
+
 [[groups]]                   # a multidimensional solution over several attributes, one total budget
 name = "device"              # [A-Za-z0-9_.-]{1,64}
 solution = "ALLOMFREE"       # any name of estimators.SOLUTIONS
@@ -38,6 +46,15 @@ A numeric attribute (``type = "numeric"``; ``estimators.numeric``) has a ``range
 parameters instead of ``k`` and ``protocol``; its protocol is the mechanism behind the protocol contract
 (:class:`estimators.numeric.protocol.NumericProtocol`: one report is one integer code, the support counts are the
 mechanism's exact aggregate). It belongs to no group, has no labels and no poisoning defense.
+
+An open-domain attribute (``type = "string"`` or ``"u64"``; ``estimators.sketch``) reports values nobody
+listed: a device sends its value's 64-bit id through a sketch (CMS, HCMS: frequencies of candidate values) or a
+heavy-hitter protocol (TreeHist: the top items found without a list), whose support counts are a fixed-size sketch
+matrix. Its ``seed`` (the public seed of the protocol's hash rows) defaults to the attribute name's id
+(``value_id(name)``), so two attributes never share hash rows by accident. ``top`` items (default 10, at most
+1000) are published per step; ``candidates`` (at most 10,000, strings for ``"string"``, integers in
+``[0, 2^64)`` for ``"u64"``) are estimated in every step and name the items found. It belongs to no group and has
+no labels and no poisoning defense.
 
 An attribute of a group has no protocol and no budget of its own: the group's solution spends one
 budget over all its attributes (``estimators.multidim``), so an attribute that declares its own
@@ -120,6 +137,9 @@ from estimators.multidim import Solution
 from estimators.numeric import MECHANISMS, make_numeric
 from estimators.numeric.protocol import NumericProtocol
 from estimators.registry import make
+from estimators.sketch.base import OpenDomainProtocol
+from estimators.sketch.hashing import value_id
+from estimators.sketch.registry import OPEN_PROTOCOLS, make_open
 from estimators.solution_registry import make_solution
 
 __all__ = ["ATTRIBUTE_TYPES", "Attribute", "Campaign", "CampaignError", "DEFENSES", "Group", "DEFAULT_MIN_N", "DEFAULT_RETENTION_SECONDS",
@@ -156,9 +176,45 @@ class Attribute:
     labels: tuple[str, ...] = ()
     group: str | None = None  # the multidimensional group whose solution reports this attribute
     defense: str = "none"  # the stream app's poisoning defense (module doc): one of DEFENSES
+    value_type: str = "categorical"  # one of ATTRIBUTE_TYPES
+    top: int = 0  # an open-domain attribute: items in each estimate's top-K
+    candidates: tuple[str | int, ...] = ()  # an open-domain attribute: values estimated in every step
 
     def label(self, v: int) -> str:
         return self.labels[v] if self.labels else str(v)
+
+    @property
+    def open_domain(self) -> bool:
+        """Whether values are open-domain strings or 64-bit integers (``type = "string"`` or ``"u64"``)."""
+        return isinstance(self.protocol, OpenDomainProtocol)
+
+    def value_id(self, value: str | int) -> int:
+        """An open-domain value's 64-bit id (a string for ``"string"``, an integer for ``"u64"``)."""
+        if self.value_type == "u64":
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 1 << 64:
+                raise CampaignError(f"attribute {self.name!r} takes integers in [0, 2^64), got {value!r}")
+        elif not isinstance(value, str):
+            raise CampaignError(f"attribute {self.name!r} takes strings, got {value!r}")
+        return value_id(value)
+
+    def candidate_ids(self) -> np.ndarray:
+        """An open-domain attribute's candidates' ids, ``uint64`` in the campaign's order (computed once)."""
+        ids = self.__dict__.get("_candidate_ids")
+        if ids is None:
+            ids = np.array([value_id(c) for c in self.candidates], dtype=np.uint64)
+            self.__dict__["_candidate_ids"] = ids
+        return ids
+
+    def candidate_names(self) -> dict[int, str | int]:
+        """An open-domain attribute's candidates by the item of their id (what names a found item; the first
+        candidate of an item where several share it)."""
+        if not self.candidates:
+            return {}
+        items = self.protocol.items_of(self.candidate_ids())  # type: ignore[attr-defined]
+        out: dict[int, str | int] = {}
+        for i, c in zip(items, self.candidates):
+            out.setdefault(int(i), c)
+        return out
 
     @property
     def numeric(self) -> bool:
@@ -169,7 +225,9 @@ class Attribute:
 #: the poisoning defenses an attribute may name (module doc)
 DEFENSES = ("none", "plausibility", "itemset")
 #: the kinds of attribute (``type``)
-ATTRIBUTE_TYPES = ("categorical", "numeric")
+ATTRIBUTE_TYPES = ("categorical", "numeric", "string", "u64")
+#: the most items an open-domain attribute publishes per step, and the most candidates it lists
+MAX_TOP, MAX_CANDIDATES = 1000, 10_000
 
 
 def _numeric_attribute(name: str, spec: dict[str, Any], labels: tuple[str, ...], defense: Any) -> Attribute:
@@ -195,6 +253,43 @@ def _numeric_attribute(name: str, spec: dict[str, Any], labels: tuple[str, ...],
     except (LDPError, TypeError) as exc:
         raise CampaignError(f"attribute {name!r}: {exc}") from exc
     return Attribute(name, proto.k, proto)
+
+
+def _open_attribute(name: str, kind: str, spec: dict[str, Any], labels: tuple[str, ...], defense: Any) -> Attribute:
+    """A ``type = "string"`` or ``"u64"`` attribute (module doc) from its table without ``name`` and ``type``."""
+    spec = dict(spec)
+    if labels:
+        raise CampaignError(f"attribute {name!r} is open-domain ({kind}): it has no labels (name values with "
+                            f"candidates)")
+    if defense != "none":
+        raise CampaignError(f"attribute {name!r} is open-domain: no report-level poisoning defense applies to a "
+                            f"sketch; only defense = \"none\"")
+    if "range" in spec or "mechanism" in spec:
+        raise CampaignError(f"attribute {name!r} is open-domain: it has a protocol, its parameters, top and "
+                            f"candidates, not range or mechanism")
+    proto_name = spec.pop("protocol", None)
+    if proto_name not in OPEN_PROTOCOLS:
+        raise CampaignError(f"attribute {name!r} needs an open-domain protocol, one of {', '.join(OPEN_PROTOCOLS)}; "
+                            f"got {proto_name!r}")
+    top = spec.pop("top", 10)
+    if isinstance(top, bool) or not isinstance(top, int) or not 1 <= top <= MAX_TOP:
+        raise CampaignError(f"attribute {name!r}: top must be an integer in [1, {MAX_TOP}], got {top!r}")
+    cands = spec.pop("candidates", [])
+    if not isinstance(cands, list) or len(cands) > MAX_CANDIDATES:
+        raise CampaignError(f"attribute {name!r}: candidates must be a list of at most {MAX_CANDIDATES} values")
+    for c in cands:
+        ok = isinstance(c, str) if kind == "string" else \
+            (isinstance(c, int) and not isinstance(c, bool) and 0 <= c < 1 << 64)
+        if not ok:
+            raise CampaignError(f"attribute {name!r}: candidate {c!r} is not a {'string' if kind == 'string' else 'integer in [0, 2^64)'}")
+    if len(set(cands)) != len(cands):
+        raise CampaignError(f"attribute {name!r}: a candidate is listed twice")
+    spec.setdefault("seed", value_id(name))
+    try:
+        proto = make_open(proto_name, **spec)
+    except LDPError as exc:
+        raise CampaignError(f"attribute {name!r}: {exc}") from exc
+    return Attribute(name, proto.support_size, proto, value_type=kind, top=top, candidates=tuple(cands))
 
 
 def _check_defense(name: str, proto: FrequencyProtocol, defense: Any) -> str:
@@ -359,6 +454,12 @@ class Campaign:
                     raise CampaignError(f"attribute {name!r} is numeric: it cannot belong to group "
                                         f"{member_of[name]!r} (a group's solution reports categorical values)")
                 attrs[name] = _numeric_attribute(name, a, labels, defense)
+                continue
+            if kind in ("string", "u64"):
+                if name in member_of:
+                    raise CampaignError(f"attribute {name!r} is open-domain: it cannot belong to group "
+                                        f"{member_of[name]!r} (a group's solution reports categorical values)")
+                attrs[name] = _open_attribute(name, kind, a, labels, defense)
                 continue
             if name in member_of:
                 if defense != "none":

@@ -40,7 +40,8 @@ HEADER_ATTRIBUTE = "ldp-attribute"
 CONTENT_TYPE = "application/json"
 
 #: The schema names (``wire/schemas/{name}.schema.json``).
-SCHEMAS = ("estimate.v1", "api-history.v1", "api-campaigns.v1", "api-status.v1", "api-health.v1", "api-error.v1")
+SCHEMAS = ("estimate.v1", "api-history.v1", "api-campaigns.v1", "api-status.v1", "api-health.v1", "api-error.v1",
+           "api-query.v1")
 
 
 def estimate_headers(doc: dict[str, Any]) -> list[tuple[str, bytes]]:
