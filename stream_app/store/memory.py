@@ -11,7 +11,9 @@ batches applied to the step (:func:`step_bytes`):
   of at most 512 fields as a listpack, ``256 + 11 s + 62 B`` bytes, and a larger one as a hash table,
   ``56 s + 100 B`` bytes (:func:`step_hash_bytes`);
 * the history entry, the final estimate's JSON (two floats per value, the labels): ``1600 + 36 k`` bytes and the
-  labels' length (:func:`history_entry_bytes`);
+  labels' length (:func:`history_entry_bytes`); for an open-domain attribute (no frequencies of a domain) the JSON
+  of its top-K and candidates instead, ``1600 + 120 (top + candidates)`` bytes and twice the candidates' length
+  (the length of the JSON of one entry, not a ``MEMORY USAGE`` measurement);
 * the finals index, step index and watermark time entries: 54 + 108 + 62 bytes.
 
 An attribute whose poisoning defense runs over the step's reports (``defense = "itemset"``) also keeps the step's
@@ -41,7 +43,7 @@ from .keys import epoch_key
 
 __all__ = ["BATCHES_PER_STEP", "HASH_LISTPACK_MAX_FIELDS", "INDEX_ENTRIES_BYTES", "MEMORY_FRACTION", "MemoryLimit",
            "RetentionNeed", "RetentionTooLarge", "campaign_need", "check_retention", "history_entry_bytes",
-           "read_max_memory", "step_bytes", "step_hash_bytes"]
+           "open_history_entry_bytes", "read_max_memory", "step_bytes", "step_hash_bytes"]
 
 #: Batches per attribute and step the check assumes by default (the worker setting ``retention_batches_per_step``).
 BATCHES_PER_STEP = 100
@@ -55,6 +57,8 @@ LISTPACK_BASE_BYTES, LISTPACK_COUNT_BYTES, LISTPACK_BATCH_BYTES = 256, 11, 62
 TABLE_COUNT_BYTES, TABLE_BATCH_BYTES = 56, 100
 #: The history entry (the final's JSON): bytes of its fixed fields, per domain value.
 HISTORY_BASE_BYTES, HISTORY_VALUE_BYTES = 1600, 36
+#: An open-domain attribute's history entry: bytes per top-K item or candidate (the JSON of one entry).
+HISTORY_OPEN_ITEM_BYTES = 120
 #: The finals index, step index and watermark time entries of a step.
 INDEX_ENTRIES_BYTES = 54 + 108 + 62
 #: The share of the Redis memory the retained steps may fill.
@@ -73,10 +77,18 @@ def history_entry_bytes(k: int, labels: Iterable[str] = ()) -> int:
     return HISTORY_BASE_BYTES + HISTORY_VALUE_BYTES * k + sum(len(x) + 4 for x in labels)
 
 
+def open_history_entry_bytes(top: int, candidates: Iterable[str | int] = ()) -> int:
+    """Bytes of one final in the history of an open-domain attribute publishing ``top`` items and ``candidates``."""
+    names = [str(c) for c in candidates]
+    return HISTORY_BASE_BYTES + HISTORY_OPEN_ITEM_BYTES * (top + len(names)) + sum(2 * (len(x) + 4) for x in names)
+
+
 def step_bytes(attribute: Attribute, batches: int = BATCHES_PER_STEP) -> int:
-    """Redis bytes of one retained step of ``attribute`` with ``batches`` batches (module doc)."""
-    return (step_hash_bytes(attribute.protocol.support_size, batches)
-            + history_entry_bytes(attribute.k, attribute.labels) + INDEX_ENTRIES_BYTES)
+    """Redis bytes of one retained step of ``attribute`` with ``batches`` batches (module doc; an open-domain
+    attribute's sketch counted at its full size, however few of its cells the step's reports touched)."""
+    history = open_history_entry_bytes(attribute.top, attribute.candidates) if attribute.open_domain \
+        else history_entry_bytes(attribute.k, attribute.labels)
+    return step_hash_bytes(attribute.protocol.support_size, batches) + history + INDEX_ENTRIES_BYTES
 
 
 @dataclass(frozen=True)
