@@ -58,6 +58,9 @@ def _view(campaign: Campaign, truth: dict, finals: dict, header: str, top: int) 
         if a.numeric:
             panels.append(_numeric_panel(attr, a, t, doc, step))
             continue
+        if a.open_domain:
+            panels.append(_open_panel(attr, a, t, doc, step, top))
+            continue
         est, ci = np.asarray(doc["frequencies"]), doc.get("ci95_halfwidth") or 0.0
         sd = np.sqrt(a.protocol.variance_exact(f, doc["n"]))
         tab = Table(expand=True, show_edge=False, pad_edge=False)
@@ -91,6 +94,24 @@ def _numeric_panel(attr: str, a: Any, t: int, doc: dict, step: dict) -> Panel:
                  subtitle_align="left")
 
 
+def _open_panel(attr: str, a: Any, t: int, doc: dict, step: dict, top: int) -> Panel:
+    """An open-domain attribute's final: the true most frequent strings, each with its rank among the published
+    top-K (found or not), the estimate and its 95% interval."""
+    tab = Table(expand=True, show_edge=False, pad_edge=False)
+    for col in ("true rank", "value", "true", "found at", "estimate", "95% interval"):
+        tab.add_column(col, justify="left" if col == "value" else "right")
+    found = {e["item"]: (rank, e) for rank, e in enumerate(doc["top_k"], 1)}
+    for rank, e in enumerate(step["true_top"][:top], 1):
+        at, est = found.get(e["item"], (None, None))
+        tab.add_row(str(rank), e["value"], f"{e['frequency']:.4f}", "-" if at is None else str(at),
+                    "-" if est is None else f"{est['frequency']:.4f}",
+                    "-" if est is None else f"[{est['ci95'][0]:.4f}, {est['ci95'][1]:.4f}]")
+    hits = sum(e["item"] in found for e in step["true_top"][:a.top])
+    title = f"{attr}  [{a.protocol.name}, open domain, top {a.top}]  step {t}  n={doc['n']:,}"
+    return Panel(tab, title=title, title_align="left", subtitle_align="left",
+                 subtitle=f"{hits} of the true top-{a.top} found · ε1={doc['eps_1']:.3f} per report")
+
+
 def _deviation(campaign: Campaign, key: tuple[str, int], doc: dict, step: dict) -> float:
     """The largest |z| of a final against the truth: each frequency (exact variance) or the mean (its published
     variance); 0 for an insufficient step."""
@@ -98,6 +119,11 @@ def _deviation(campaign: Campaign, key: tuple[str, int], doc: dict, step: dict) 
         return 0.0
     if doc.get("kind") == "numeric":
         return abs(doc["mean"] - step["true_mean"]) / math.sqrt(doc["mean_variance"])
+    if doc.get("kind") in ("string", "u64"):  # the found items that are true top items, against their truth
+        truth = {e["item"]: e["frequency"] for e in step["true_top"]}
+        zs = [abs(e["frequency"] - truth[e["item"]]) / ((e["ci95"][1] - e["ci95"][0]) / (2 * 1.959963984540054))
+              for e in doc["top_k"] if e["item"] in truth and e["ci95"][1] > e["ci95"][0]]
+        return max(zs, default=0.0)
     f = step["true_frequencies"]
     sd = np.sqrt(campaign.attribute(key[0]).protocol.variance_exact(f, doc["n"]))
     return float(np.max(np.abs(np.asarray(doc["frequencies"]) - f) / sd))

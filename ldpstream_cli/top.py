@@ -134,6 +134,11 @@ def render(snap: Snapshot, values: int = 3, previous: Snapshot | None = None) ->
                                     title=f"{c['id']} / {a['name']}  [{a['protocol']}, range "
                                           f"{a['range'][0]:g}..{a['range'][1]:g}]", title_align="left"))
                 continue
+            if doc.get("kind") in ("string", "u64"):
+                panels.append(Panel(_open_grid(doc, snap.finals.get((c["id"], a["name"]), []), values),
+                                    title=f"{c['id']} / {a['name']}  [{a['protocol']}, open domain]",
+                                    title_align="left"))
+                continue
             freq = doc.get("frequencies_norm_sub") or []
             labels = a.get("labels")
             order = sorted(range(len(freq)), key=lambda j: -freq[j])[:values]
@@ -150,6 +155,21 @@ def render(snap: Snapshot, values: int = 3, previous: Snapshot | None = None) ->
                          f"bound {_fmt(doc.get('eps_longitudinal_bound'))} · {len(finals)} final steps")
             panels.append(Panel(grid, title=head, title_align="left"))
     return Group(*panels)
+
+
+def _open_grid(doc: dict[str, Any], finals: list[dict[str, Any]], values: int) -> Table:
+    """An open-domain attribute's latest estimate: its top items (the candidate's name, else the item id) with
+    their frequencies ± 95%, and the frequency of each over the last finals."""
+    grid = Table.grid(padding=(0, 2))
+    status = "insufficient" if doc.get("top_k") is None else f"±{_fmt(doc.get('ci95_halfwidth'), 4)} (95%, noise floor)"
+    grid.add_row(f"t={doc['t']} {'final' if doc.get('final') else 'open'}", f"n={doc['n']:,}", status)
+    for rank, e in enumerate((doc.get("top_k") or [])[:values], 1):
+        past = [next((x["frequency"] for x in (d.get("top_k") or []) if x["item"] == e["item"]), 0.0)
+                for d in finals[-40:]]
+        half = (e["ci95"][1] - e["ci95"][0]) / 2
+        grid.add_row(f"{rank}. {e['value'] or e['item']}", f"{e['frequency']:.4f} ±{half:.4f}",
+                     _sparkline(past) if past else "-")
+    return grid
 
 
 def _numeric_grid(doc: dict[str, Any], finals: list[dict[str, Any]]) -> Table:
