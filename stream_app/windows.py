@@ -63,7 +63,7 @@ Late data
     the published final again (a replay restored the counts, then late data came). So no final
     is ever published with ``n == 0`` or with an ``n`` below an earlier final's of the step.
 
-Retention (``Campaign.retention_steps``, R)
+Retention (``Campaign.retention_steps``, R; an attribute's own ``retention_steps`` for it)
     Each tick the leader sets the attribute's floor to ``min(F, first open step)``, ``F`` the R-th
     newest final (or settled) step, once there are R: the R most recent final steps are kept, the
     floor never passes a step without a final and never goes down. It counts final steps, not step
@@ -714,7 +714,7 @@ class Estimator:
 
     async def _retain(self, c: Campaign, a: Attribute, st: _AttrState) -> None:
         """Raise the retention floor and prune a bounded batch of steps below it (module doc)."""
-        keep = c.retention_steps
+        keep = c.retention_of(a)
         target = st.floor
         if len(st.order) >= keep:
             target = max(target, min(st.order[-keep], st.low))

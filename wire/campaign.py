@@ -94,7 +94,9 @@ fleets number their steps 0, 1, 2, ... at any pace, and Redis memory grows with 
 steps kept (README, "Retention"), so a step count bounds it for logical and wall-clock steps
 alike; counting final steps (not step numbers) means a gap, a wall-clock step among logical ones
 or a far-future ``t`` deletes nothing early. The default is 7 days of steps,
-``ceil(604800 / time_step_seconds)``.
+``ceil(604800 / time_step_seconds)``. An attribute may set its own ``retention_steps`` (its table), which
+replaces the campaign's for it: an open-domain attribute's sketch is much larger than a histogram, so it is
+usually kept for fewer steps.
 
 Steps bounded in time (``max_steps_ahead``, A, default 1000): a batch or watermark of a logical step
 more than A steps past the campaign's newest final step, or of a wall-clock step (the HTTP ingest's)
@@ -119,6 +121,7 @@ carries none.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -179,6 +182,7 @@ class Attribute:
     value_type: str = "categorical"  # one of ATTRIBUTE_TYPES
     top: int = 0  # an open-domain attribute: items in each estimate's top-K
     candidates: tuple[str | int, ...] = ()  # an open-domain attribute: values estimated in every step
+    retention_steps: int | None = None  # its own retention (module doc), else the campaign's
 
     def label(self, v: int) -> str:
         return self.labels[v] if self.labels else str(v)
@@ -387,6 +391,10 @@ class Campaign:
         """The attributes reported by their own protocol (not by a group's solution)."""
         return [a.name for a in self.attributes.values() if a.group is None]
 
+    def retention_of(self, attribute: Attribute) -> int:
+        """The steps kept of ``attribute``: its own ``retention_steps``, else the campaign's."""
+        return attribute.retention_steps or self.retention_steps
+
     def attribute(self, name: str) -> Attribute:
         try:
             return self.attributes[name]
@@ -434,6 +442,7 @@ class Campaign:
                                         f"would be spent twice")
                 member_of[m] = gname
         attrs: dict[str, Attribute] = {}
+        own_retention: dict[str, int] = {}
         ks: dict[str, int] = {}
         labels_of: dict[str, tuple[str, ...]] = {}
         for entry in raw:
@@ -445,6 +454,12 @@ class Campaign:
                 raise CampaignError(f"attribute {name!r} is declared twice")
             labels = tuple(str(x) for x in a.pop("labels", ()))
             defense = a.pop("defense", "none")
+            keep = a.pop("retention_steps", None)
+            if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
+                raise CampaignError(f"attribute {name!r}: retention_steps must be an integer >= 1 (the final steps "
+                                    f"kept of it), got {keep!r}")
+            if keep is not None:
+                own_retention[name] = keep
             kind = a.pop("type", "categorical")
             if kind not in ATTRIBUTE_TYPES:
                 raise CampaignError(f"attribute {name!r}: type must be one of {', '.join(ATTRIBUTE_TYPES)}, got "
@@ -518,6 +533,8 @@ class Campaign:
                                         f"{view.domain_size}")
                 attrs[m] = Attribute(m, ks[m], view, labels_of[m], group=gname)
         attrs = {(e.get("name")): attrs[e.get("name")] for e in raw}  # the file's order
+        for name, keep in own_retention.items():
+            attrs[name] = dataclasses.replace(attrs[name], retention_steps=keep)
         return cls(cid, attrs, step, late, max_batch, str(head.get("description", "")), data,
                    retention_steps=head.get("retention_steps"), groups=groups,  # validated by __post_init__
                    max_steps_ahead=head.get("max_steps_ahead", 1000), min_n=head.get("min_n", DEFAULT_MIN_N))

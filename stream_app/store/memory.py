@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
 from wire.campaign import Attribute, Campaign
@@ -93,34 +93,46 @@ def step_bytes(attribute: Attribute, batches: int = BATCHES_PER_STEP) -> int:
 
 @dataclass(frozen=True)
 class RetentionNeed:
-    """What a campaign's retention holds in Redis: ``retention_steps × Σ_attributes step_bytes``."""
+    """What a campaign's retention holds in Redis: ``retention_steps × Σ_attributes step_bytes``, an attribute
+    with its own ``retention_steps`` counted with it (:attr:`own`)."""
 
     campaign: Campaign
     batches_per_step: int
-    per_attribute: Mapping[str, int]  # attribute -> bytes per retained step
+    per_attribute: Mapping[str, int]  # attribute -> bytes per retained step, those on the campaign's retention
+    own: Mapping[str, tuple[int, int]] = field(default_factory=dict)  # attribute -> (its retention, bytes per step)
 
     @property
     def step_bytes(self) -> int:
-        """Bytes of one retained step of every attribute."""
+        """Bytes of one retained step of every attribute on the campaign's retention."""
         return sum(self.per_attribute.values())
 
     @property
+    def own_total(self) -> int:
+        """Bytes of the attributes with their own retention."""
+        return sum(keep * b for keep, b in self.own.values())
+
+    @property
     def total(self) -> int:
-        return self.campaign.retention_steps * self.step_bytes
+        return self.campaign.retention_steps * self.step_bytes + self.own_total
 
     def formula(self) -> str:
         """``retention_steps (R) × A attributes × M B per attribute and step (mean) = T B``."""
         c, a = self.campaign, len(self.per_attribute)
-        return (f"retention_steps {c.retention_steps:,} × {a} attribute{'s' if a != 1 else ''} × "
+        head = (f"retention_steps {c.retention_steps:,} × {a} attribute{'s' if a != 1 else ''} × "
                 f"{self.step_bytes / a:,.0f} B per attribute and step (mean; "
                 f"{', '.join(f'{n} {b:,}' for n, b in self.per_attribute.items())}; "
-                f"{self.batches_per_step} batches per step) = {self.total:,} B ({_size(self.total)})")
+                f"{self.batches_per_step} batches per step)") if a else "no attribute on the campaign's retention"
+        own = "".join(f" + {n}'s own retention_steps {keep:,} × {b:,} B" for n, (keep, b) in self.own.items())
+        return f"{head}{own} = {self.total:,} B ({_size(self.total)})"
 
 
 def campaign_need(campaign: Campaign, batches_per_step: int = BATCHES_PER_STEP) -> RetentionNeed:
     """The retention need of ``campaign`` under the byte model."""
+    attrs = campaign.attributes.values()
     return RetentionNeed(campaign, batches_per_step,
-                         {a.name: step_bytes(a, batches_per_step) for a in campaign.attributes.values()})
+                         {a.name: step_bytes(a, batches_per_step) for a in attrs if a.retention_steps is None},
+                         {a.name: (a.retention_steps, step_bytes(a, batches_per_step)) for a in attrs
+                          if a.retention_steps is not None})
 
 
 @dataclass(frozen=True)
@@ -176,7 +188,7 @@ def check_retention(campaigns: Mapping[str, Campaign], limits: Mapping[str, Memo
         for cid in cids:
             need = needs[cid]
             others = total - need.total
-            fits = max(0, (usable - others) // need.step_bytes)
+            fits = max(0, (usable - others - need.own_total) // max(need.step_bytes, 1))
             shared = (f" next to {', '.join(x for x in cids if x != cid)} ({others:,} B) on the same Redis"
                       if others else "")
             raise_to = math.ceil(total / MEMORY_FRACTION)
