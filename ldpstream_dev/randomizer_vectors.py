@@ -17,7 +17,13 @@ protocols of :mod:`estimators` and the device ledger of :class:`producers.sdk.De
   past its noise slot (the extension stream: rejection redraws, the exact Laplace sampler);
 * ``ledger``: the device ledger's accounting over a schedule of reports under a budget (reserved and actual
   loss, the value each report randomized, frozen reports, refusals), on one campaign (:data:`LEDGER_CAMPAIGN`);
-* ``numeric_ledger``: the same with numeric attributes, on their own campaign (:data:`NUMERIC_LEDGER_CAMPAIGN`).
+* ``numeric_ledger``: the same with numeric attributes, on their own campaign (:data:`NUMERIC_LEDGER_CAMPAIGN`);
+* ``open_domain``: the open-domain values of ``type = "string"`` / ``"u64"`` attributes (:mod:`estimators.sketch`):
+  ``value_ids`` (strings, non-ASCII included, and integers -> their 64-bit id), ``sketch_hash`` (the public hash
+  family: row seeds, spreads and ``h_j(id)`` of a few ids and seeds) and ``cases``: every open-domain protocol
+  (:data:`estimators.sketch.OPEN_PROTOCOLS`) at one or more settings, a device over :data:`OPEN_STEPS` (its
+  values, their ids, the keys drawn, the exact report bytes, the words drawn past the noise slot). Every 64-bit
+  quantity is written as 16 hex digits (``id``, ``seed_hex``: JSON numbers lose bits past 2^53 in JavaScript).
 
 Keys are drawn from a seeded generator (the labelled simulation mode: reproducible, not private) and recorded,
 so a client in any language replays a case by handing its randomizer the recorded keys in order.
@@ -45,7 +51,8 @@ from estimators.registry import make
 from estimators.solution_registry import make_solution
 
 __all__ = ["VECTORS_PATH", "KeyTape", "key_hex", "key_words", "report_hex", "protocol_case", "solution_case",
-           "numeric_case", "replay_numeric", "numeric_twins", "ledger_case", "generate", "main"]
+           "numeric_case", "replay_numeric", "numeric_twins", "ledger_case", "open_domain_section", "open_case",
+           "replay_open", "open_twins", "generate", "main"]
 
 VECTORS_PATH = Path(__file__).resolve().parent.parent / "tests" / "data" / "randomizer-vectors.json"
 FORMAT = "ldp-stream/randomizer-vectors"
@@ -462,6 +469,166 @@ def replay_numeric(case: dict[str, Any]) -> list[dict[str, Any]]:
     return steps
 
 
+# ---------------------------------------------------------------- open-domain protocols
+#: (case name, protocol parameters, value type): every open-domain protocol at least once. "CMS m=1024": ~4 flip
+#: lanes tie per report (1/256 each), past the slot's 2 refinement words: the extension stream is drawn.
+OPEN_CASES: list[tuple[str, dict[str, Any], str]] = [
+    ("CMS m=256 k=16", {"protocol": "CMS", "eps": 4.0, "m": 256, "k": 16}, "string"),
+    ("CMS m=100 k=3 (bits past m)", {"protocol": "CMS", "eps": 1.0, "m": 100, "k": 3, "seed": 7}, "string"),
+    ("CMS m=1024 k=64 u64 (extension)", {"protocol": "CMS", "eps": 0.5, "m": 1024, "k": 64,
+                                          "seed": (1 << 64) - 1}, "u64"),
+    ("HCMS m=256 k=16", {"protocol": "HCMS", "eps": 4.0, "m": 256, "k": 16}, "string"),
+    ("HCMS m=2 k=1 u64", {"protocol": "HCMS", "eps": 0.25, "m": 2, "k": 1, "seed": 0}, "u64"),
+    ("HCMS m=4096 k=1000", {"protocol": "HCMS", "eps": 8.0, "m": 4096, "k": 1000, "seed": 123456789}, "string"),
+]
+
+#: a device's values over the steps of an open-domain case, by type: a repeat, a change, a return, non-ASCII
+OPEN_STEPS = {"string": ("crash:NullPointerException", "crash:NullPointerException", "café au lait ☕",
+                         "crash:NullPointerException", "日本語 🚀", ""),
+              "u64": (0, 0, (1 << 64) - 1, 0, 1 << 53 | 1, 12345)}
+
+#: strings (and integers) whose ids the vectors list
+ID_STRINGS = ("", "a", "crash", "open-test", "café", "naïve ☃", "日本語", "🚀 emoji", "a\u0000b", "x" * 200)
+ID_INTEGERS = (0, 1, 12345, (1 << 53) + 1, (1 << 63), (1 << 64) - 1)
+#: (seed, rows, m, ids) of the sketch_hash examples
+HASH_EXAMPLES = ((0, 3, 256, (0, 1, (1 << 64) - 1)), ((1 << 64) - 1, 2, 1000, (5, 1 << 63)),
+                 (None, 4, 4096, ("crash", "café", "")), (123456789, 1, 2, (7, 8, 9)))
+
+
+def _u64(x: int) -> str:
+    return f"{int(x):016x}"
+
+
+def _open_name_seed(name: str) -> int:
+    from estimators.sketch.hashing import value_id
+    return value_id(name)
+
+
+def open_domain_section() -> dict[str, Any]:
+    """``value_ids``, ``sketch_hash`` and ``cases`` (module doc)."""
+    from estimators.sketch.hashing import np_sketch_hash, row_seeds, sketch_hash, spread, value_id
+
+    ids = [{"value": v, "utf8": v.encode("utf-8").hex(), "id": _u64(value_id(v))} for v in ID_STRINGS]
+    ids += [{"value": str(v), "type": "u64", "id": _u64(value_id(v))} for v in ID_INTEGERS]
+    hashes = []
+    for seed, rows, m, vals in HASH_EXAMPLES:
+        seed = value_id("crash") if seed is None else seed
+        seeds = row_seeds(seed, rows)
+        vid = np.array([value_id(v) for v in vals], dtype=np.uint64)
+        h = sketch_hash(vid, seeds, m)
+        if not np.array_equal(h, np_sketch_hash(vid, seeds, m)):
+            raise AssertionError("sketch_hash and its numpy twin differ")
+        hashes.append({"seed_hex": _u64(seed), "rows": rows, "m": m, "row_seeds": [_u64(s) for s in seeds],
+                       "spreads": [_u64(spread(int(s))) for s in seeds], "ids": [_u64(v) for v in vid],
+                       "hashes": [[int(x) for x in row] for row in h]})
+    cases = [open_case(n, p, kind, SEED + 3000 + i) for i, (n, p, kind) in enumerate(OPEN_CASES)]
+    return {"value_ids": ids, "sketch_hash": hashes, "cases": cases}
+
+
+def _open_proto(params: dict[str, Any]):
+    from estimators.sketch.registry import make_open
+    p = dict(params)
+    return make_open(p.pop("protocol"), **p)
+
+
+#: (module, attribute, twin module, twin): every numba kernel an open-domain protocol's randomizer calls, as the
+#: protocol's module imported it (a new protocol adds its lines)
+OPEN_KERNELS = (("estimators.sketch.cms", "cms_randomize", "estimators.sketch.cms_kernels", "np_cms_randomize"),
+                ("estimators.sketch.cms", "hcms_randomize", "estimators.sketch.cms_kernels", "np_hcms_randomize"))
+
+#: the calibrated figures an open-domain case lists in ``derived`` when its protocol has them (64-bit ones in hex)
+_OPEN_DERIVED = ("T", "q", "support_size")
+_OPEN_DERIVED_U64 = (("row_seeds", "seeds"), ("rejection_limit", "limit"))
+
+
+@contextlib.contextmanager
+def open_twins() -> Iterator[None]:
+    """The open-domain protocols' numba kernels replaced by their numpy twins (restored on exit)."""
+    import importlib
+
+    saved = []
+    try:
+        for mod, name, twin_mod, twin in OPEN_KERNELS:
+            m = importlib.import_module(mod)
+            saved.append((m, name, getattr(m, name)))
+            setattr(m, name, getattr(importlib.import_module(twin_mod), twin))
+        yield
+    finally:
+        for m, name, fn in reversed(saved):
+            setattr(m, name, fn)
+
+
+def _open_ext_words(proto, vid: int, keys: list[str]) -> int:
+    """How many words the report drew past its noise slot (the numpy twin's draws, counted)."""
+    from estimators import reference
+
+    calls: list[int] = []
+    original = reference.Draws.__call__
+
+    def counting(self, j):  # type: ignore[no-untyped-def]
+        if j >= self.prefix.shape[0]:
+            calls.append(j)
+        return original(self, j)
+
+    reference.Draws.__call__ = counting  # type: ignore[method-assign]
+    try:
+        with open_twins():
+            proto.randomize(np.array([vid], dtype=np.uint64), KeyTape(replay=keys))
+    finally:
+        reference.Draws.__call__ = original  # type: ignore[method-assign]
+    return len(calls)
+
+
+def _open_step(proto, kind: str, value: str | int, tape: KeyTape) -> dict[str, Any]:
+    from estimators.sketch.hashing import value_id
+
+    vid = value_id(value)
+    reports = proto.randomize(np.array([vid], dtype=np.uint64), tape)
+    keys = list(tape.drawn)
+    return {"value": value if kind == "string" else str(value), "id": _u64(vid), "keys": keys,
+            "report": report_hex(proto, reports), "ext_words": _open_ext_words(proto, vid, keys)}
+
+
+def open_case(name: str, params: dict[str, Any], kind: str, seed: int) -> dict[str, Any]:
+    """One device of the open-domain protocol ``params`` (``seed`` defaulted as a campaign does: the id of
+    ``"crash"``) over :data:`OPEN_STEPS` of its type."""
+    p = dict(params)
+    p.setdefault("seed", _open_name_seed("crash"))
+    proto = _open_proto(p)
+    tape = KeyTape(seed)
+    steps = []
+    for v in OPEN_STEPS[kind]:
+        tape.drawn = []
+        steps.append(_open_step(proto, kind, v, tape))
+    derived_: dict[str, Any] = {"eps_first": float(proto.eps_first), "eps_inf": float(proto.eps_inf),
+                                "memo_size": int(proto.memo_size)}
+    for key in _OPEN_DERIVED:
+        if hasattr(proto, key):
+            v = getattr(proto, key)
+            derived_[key] = float(v) if isinstance(v, (float, np.floating)) else int(v)
+    for key, attr in _OPEN_DERIVED_U64:
+        if hasattr(proto, attr):
+            v = getattr(proto, attr)
+            derived_[key] = [_u64(x) for x in v] if np.ndim(v) else _u64(v)
+    return {"case": name, "type": kind, "params": proto.params(), "seed_hex": _u64(proto.seed),
+            "fingerprint": proto.fingerprint, "report_dtype": np.dtype(proto.report_dtype).name,
+            "report_shape": list(proto.report_shape), "derived": derived_, "steps": steps}
+
+
+def replay_open(case: dict[str, Any]) -> list[dict[str, Any]]:
+    """Run an open-domain case's recorded keys and values through :mod:`estimators.sketch` again: its steps."""
+    proto = _open_proto(case["params"])
+    steps = []
+    for step in case["steps"]:
+        tape = KeyTape(replay=step["keys"])
+        value = step["value"] if case["type"] == "string" else int(step["value"])
+        steps.append(_open_step(proto, case["type"], value, tape))
+        if tape.left:
+            raise AssertionError(f"{case['case']}: the randomizer drew {len(step['keys']) - tape.left} of "
+                                 f"{len(step['keys'])} recorded keys")
+    return steps
+
+
 # ---------------------------------------------------------------- the device ledger
 LEDGER_CAMPAIGN = """\
 [campaign]
@@ -628,6 +795,11 @@ def generate() -> dict[str, Any]:
             raise AssertionError(f"{case['case']}: no step drew past its noise slot; choose another seed")
     ledger = [ledger_case(n, b, s) for n, b, s in LEDGER_SCHEDULES]
     numeric_ledger = [ledger_case(n, b, s, NUMERIC_LEDGER_CAMPAIGN) for n, b, s in NUMERIC_LEDGER_SCHEDULES]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SimulationWarning)
+        open_domain = open_domain_section()
+    if not any(s["ext_words"] for c in open_domain["cases"] if c["params"]["protocol"] == "CMS" for s in c["steps"]):
+        raise AssertionError("no CMS step drew past its noise slot; choose other cases")
     return {"format": FORMAT, "version": VERSION, "command": "python -m ldpstream_dev.randomizer_vectors",
             "keys": "256-bit keys: 64 hex digits, the 32 ChaCha20 key bytes (8 little-endian uint32 words); "
                     "each step lists the keys its randomizer drew, in draw order",
@@ -636,7 +808,11 @@ def generate() -> dict[str, Any]:
             "numeric_values": "numeric cases: value (metric units) -> x = 2 (clip(value, lo, hi) - lo) / (hi - lo) - 1 "
                               "(float64), the mechanism's input in [-1, 1]",
             "streams": stream_examples(), "protocols": protocols, "solutions": solutions, "numeric": numeric,
-            "ledger": ledger, "numeric_ledger": numeric_ledger}
+            "ledger": ledger, "numeric_ledger": numeric_ledger,
+            "open_values": "open-domain cases: a string's id is the little-endian first 8 bytes of the SHA-256 of its "
+                           "UTF-8 bytes, an integer (type u64, written in decimal) is its own id; ids and seeds are "
+                           "16 hex digits of the 64-bit value",
+            "open_domain": open_domain}
 
 
 def dumps(data: dict[str, Any]) -> str:
@@ -651,7 +827,7 @@ def main(argv: list[str] | None = None) -> None:
     args.out.write_text(dumps(data))
     print(f"wrote {args.out}: {len(data['protocols'])} protocol cases, {len(data['solutions'])} solution cases, "
           f"{len(data['numeric'])} numeric cases, {len(data['ledger'])} + {len(data['numeric_ledger'])} ledger "
-          f"schedules, {len(data['streams'])} streams")
+          f"schedules, {len(data['open_domain']['cases'])} open-domain cases, {len(data['streams'])} streams")
 
 
 if __name__ == "__main__":

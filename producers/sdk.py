@@ -12,7 +12,22 @@ dev.send("app_version", 42)           # randomize locally, POST one report (retr
 dev.send("opt_in", "yes")             # a label of the campaign instead of an index
 obj = dev.report("crash_minute", 95, t=7)   # or build the JSON object and send it yourself
 dev.send_group("device", {"dark_mode": "on", "country": 3, "device_model": 17})   # a [[groups]] solution
+dev.send("crash_signature", "NullPointerException@Foo.java:42")   # type = "string": any string, hashed here
 ```
+
+Open-domain attributes
+----------------------
+An attribute of ``type = "string"`` takes a ``str``, one of ``type = "u64"`` an ``int`` in ``[0, 2^64)``; anything
+else is refused with :class:`LDPError` before anything is spent. The device computes the value's 64-bit id
+(:meth:`wire.campaign.Attribute.value_id`: the first 8 bytes of the string's SHA-256, an integer itself) and
+randomizes the id with the attribute's open-domain protocol (``estimators.sketch``: CMS, HCMS); only the report
+leaves the device. CMS and HCMS are memoryless: every report spends a fresh ``eps_first`` from the budget, as the
+single-shot protocols do, and is refused (:class:`BudgetExceeded`) when it does not fit. The ledger of a
+memoryless attribute holds its number of reports only: no value, no id and no memo state is ever written, so a
+restored state directory never holds the raw strings a device reported (nor their ids, which a dictionary of
+candidate strings would invert). Should a memoizing open-domain protocol come, its last value (what a frozen
+attribute keeps reporting) would be recorded as the 64-bit id the protocol randomized (the ledger's integer),
+never the string: the id is all a frozen report needs.
 
 State directory (``state_path``)::
 
@@ -916,6 +931,9 @@ class Device:
         """The domain index of ``value``: an index in ``[0, k)`` or one of the attribute's labels (the campaign's
         ``labels``); :class:`LDPError` otherwise."""
         a = self.campaign.attribute(attribute)
+        if a.open_domain:
+            raise LDPError(f"attribute {attribute!r} is open-domain ({a.value_type}): its values have no domain index "
+                           f"(report the value itself: Device.value_id)")
         if isinstance(value, str):
             if value in a.labels:
                 return a.labels.index(value)
@@ -931,6 +949,14 @@ class Device:
         if not 0 <= v < a.k:
             raise LDPError(f"value {v} of {attribute!r} is outside the domain [0, {a.k})")
         return v
+
+    def value_id(self, attribute: str, value: str | int) -> int:
+        """An open-domain attribute's value as its 64-bit id (``type = "string"``: a ``str``, the first 8 bytes of
+        its SHA-256; ``"u64"``: an ``int`` in ``[0, 2^64)``, itself); :class:`LDPError` otherwise."""
+        a = self.campaign.attribute(attribute)
+        if not a.open_domain:
+            raise LDPError(f"attribute {attribute!r} is not open-domain (type {a.value_type!r})")
+        return a.value_id(value)  # a CampaignError (an LDPError) for a value of another type
 
     def numeric_value(self, attribute: str, value: float) -> float:
         """A numeric attribute's measurement as a float: a finite number (outside the range it is clipped to the
@@ -948,7 +974,11 @@ class Device:
         return self._clipped.get(attribute, 0)
 
     def _input(self, attribute: str, value: int | float | str) -> np.ndarray:
-        """One value as the protocol's input row: a domain index (categorical) or a float (numeric)."""
+        """One value as the protocol's input row: a domain index (categorical), a float (numeric) or a 64-bit value
+        id (open-domain, hashed here: the raw value goes no further)."""
+        self._own(attribute)
+        if self.campaign.attributes[attribute].open_domain:
+            return np.array([self.value_id(attribute, value)], dtype=np.uint64)  # type: ignore[arg-type]
         if isinstance(self._own(attribute), NumericProtocol):
             return np.array([self.numeric_value(attribute, value)], dtype=np.float64)  # type: ignore[arg-type]
         return np.array([self.value_index(attribute, value)], dtype=np.int64)
@@ -1027,15 +1057,16 @@ class Device:
         self._save_budget(slots=new_slots, keyed=keyed)
         return reports
 
-    def report(self, attribute: str, value: int | str, t: int | None = None) -> dict[str, Any]:
-        """The JSON object of one randomized report (:func:`wire.single_report.encode_single_report`)."""
+    def report(self, attribute: str, value: int | float | str, t: int | None = None) -> dict[str, Any]:
+        """The JSON object of one randomized report (:func:`wire.single_report.encode_single_report`); ``value``: an
+        index or a label, a numeric attribute's measurement, or an open-domain attribute's ``str`` / ``int``."""
         self._own(attribute)  # an unknown or grouped attribute fails before anything is spent
         step = check_step(self.current_step() if t is None else t)
         reports = self.randomize(attribute, value)
         return encode_single_report(self.campaign, attribute, step, reports)
 
-    def send(self, attribute: str, value: int | str, t: int | None = None) -> dict[str, Any]:
-        """Randomize one report (``value``: an index or a label) and POST it to :attr:`ingest_url`; returns the
+    def send(self, attribute: str, value: int | float | str, t: int | None = None) -> dict[str, Any]:
+        """Randomize one report (``value``: as :meth:`report`) and POST it to :attr:`ingest_url`; returns the
         endpoint's JSON reply.
 
         The report is randomized once. The request carries one ``Idempotency-Key`` (128 random bits) and is

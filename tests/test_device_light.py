@@ -1,6 +1,7 @@
 """The light device SDK (``clients/python``, package ``ldp_device``): the same reports as the reference for the same
-keys (every protocol, solution, numeric mechanism and ledger case of ``tests/data/randomizer-vectors.json``), its
-calibration, labels, numeric values (clipped and counted), budget plan, state across restarts, sends and retries,
+keys (every protocol, solution, numeric mechanism, open-domain protocol and ledger case of
+``tests/data/randomizer-vectors.json``), its calibration, labels, numeric values (clipped and counted), open-domain
+values (strings and u64 ids hashed on the device), budget plan, state across restarts, sends and retries,
 its light import, and one report through a real ingest that drops the first answer (counted once).
 
 The module imports ``ldp_device`` from ``clients/python`` (no install needed)."""
@@ -265,6 +266,99 @@ def test_ledger_vectors_replay(case, tmp_path):
             step["scope_loss"] = dev.privacy_loss(group=group) if group else dev.privacy_loss(scope)
             assert set(step) == set(exp) and all(_close(step[k], exp[k]) for k in exp), (step, exp)
             assert step["privacy_loss"] <= step["reserved_loss"] + 1e-9
+
+
+# ---------------------------------------------------------------------------- open-domain values (CMS, HCMS)
+OPEN = VECTORS["open_domain"]
+
+
+def test_open_domain_value_ids_and_sketch_hashes():
+    from ldp_device.sketch import row_seeds, sketch_hash, spread, value_id
+
+    for v in OPEN["value_ids"]:
+        assert f"{value_id(int(v['value']) if v.get('type') == 'u64' else v['value']):016x}" == v["id"], v
+    for h in OPEN["sketch_hash"]:
+        seeds = row_seeds(int(h["seed_hex"], 16), h["rows"])
+        assert [f"{s:016x}" for s in seeds] == h["row_seeds"] and [f"{spread(s):016x}" for s in seeds] == h["spreads"]
+        assert [[sketch_hash(int(i, 16), s, h["m"]) for s in seeds] for i in h["ids"]] == h["hashes"]
+
+
+@pytest.mark.parametrize("case", OPEN["cases"], ids=_ids(OPEN["cases"]))
+def test_open_domain_vectors_replay_byte_for_byte(case):
+    from ldp_device.sketch import value_id
+
+    proto = from_params(case["params"])
+    assert proto.params() == case["params"] and proto.fingerprint == case["fingerprint"]
+    assert f"{proto.seed:016x}" == case["seed_hex"] and proto.report_nbytes == len(bytes.fromhex(case["steps"][0]["report"]))
+    d = case["derived"]
+    mine = {"eps_first": proto.eps_first, "eps_inf": proto.eps_inf, "memo_size": proto.memo_size}
+    for key, attr in (("T", "T"), ("q", "q"), ("support_size", "support_size")):
+        if key in d:
+            mine[key] = getattr(proto, attr)
+    if "row_seeds" in d:
+        mine["row_seeds"] = [f"{s:016x}" for s in proto.seeds]
+    if "rejection_limit" in d:
+        mine["rejection_limit"] = f"{proto.limit:016x}"
+    assert mine == d
+    for step in case["steps"]:
+        value = step["value"] if case["type"] == "string" else int(step["value"])
+        assert f"{value_id(value):016x}" == step["id"]
+        tape = key_tape(step["keys"])
+        assert proto.randomize_value(value, tape).hex() == step["report"], (case["case"], step)
+        assert tape.left() == 0
+
+
+OPEN_CAMPAIGN = """
+[campaign]
+id = "open-test"
+[[attributes]]
+name = "crash"
+type = "string"
+protocol = "HCMS"
+eps = 4.0
+m = 256
+k = 16
+top = 5
+candidates = ["a", "b", "c"]
+[[attributes]]
+name = "pid"
+type = "u64"
+protocol = "CMS"
+eps = 1.0
+m = 100
+k = 4
+candidates = [1, 18446744073709551615]
+"""
+
+
+def test_open_domain_attributes_report_strings_and_u64(tmp_path):
+    """A string / u64 attribute: the campaign is the reference's (fingerprint, seed = id of the name, support size),
+    its reports decode with the ingest's codec, values of another type are refused before anything is spent, and
+    the state directory never holds the value (a memoryless protocol: the ledger counts reports)."""
+    from wire.campaign import Campaign as Reference
+    from wire.single_report import decode_single_report
+
+    light, ref = Campaign.loads(OPEN_CAMPAIGN), Reference.from_dict(__import__("tomllib").loads(OPEN_CAMPAIGN))
+    assert light.fingerprint == ref.fingerprint
+    for name in ("crash", "pid"):
+        a, r = light.attribute(name), ref.attribute(name)
+        assert (a.k, a.value_type, a.top, a.candidates, a.protocol.params()) == \
+            (r.k, r.value_type, r.top, r.candidates, r.protocol.params())
+    with Device(light, tmp_path / "dev", budget_eps=10.0) as dev:
+        objs = [dev.report("crash", "NullPointerException in café ☕", t=5), dev.report("pid", (1 << 64) - 1, t=5)]
+        for bad_attr, bad in (("crash", 3), ("crash", b"x"), ("pid", "3"), ("pid", -1), ("pid", 1 << 64),
+                              ("pid", True), ("pid", 2.0)):
+            with pytest.raises(LDPError, match=f"attribute '{bad_attr}' takes"):
+                dev.report(bad_attr, bad, t=5)
+        with pytest.raises(LDPError, match="unknown open-domain protocol"):
+            ldp_device.make_open("TreeHist?", eps=1.0)
+        assert dev.spent_reports == {"crash": 1, "pid": 1}
+        assert dev.privacy_loss() == pytest.approx(5.0)
+    for obj in objs:
+        got = decode_single_report(obj, {ref.id: ref})
+        assert (got.attribute, got.t, len(got.reports)) == (obj["attribute"], 5, 1)
+    stored = b"".join(p.read_bytes() for p in (tmp_path / "dev").rglob("*") if p.is_file())
+    assert b"NullPointer" not in stored and b"caf" not in stored
 
 
 # ---------------------------------------------------------------------------- campaigns

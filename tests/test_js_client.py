@@ -58,7 +58,8 @@ def test_npm_test_replays_every_vector(node):
     tail = proc.stdout[-600:]
     assert "# fail 0" in proc.stdout, tail
     vectors = json.loads(VECTORS.read_text())
-    cases = len(vectors["protocols"]) + len(vectors["solutions"]) + len(vectors["ledger"])
+    cases = len(vectors["protocols"]) + len(vectors["solutions"]) + len(vectors["ledger"]) \
+        + len(vectors["open_domain"]["cases"])
     passed = int(next(line for line in proc.stdout.splitlines() if line.startswith("# pass")).split()[-1])
     assert passed > cases, tail  # one test per case at least, plus the others
 
@@ -79,6 +80,62 @@ def test_the_numeric_ledger_campaign_fixture_is_the_vectors_toml():
     fixture = json.loads((JS / "test-support" / "fixtures" / "ledger-numeric-campaign.json").read_text())
     tomls = {case["campaign"] for case in json.loads(VECTORS.read_text())["numeric_ledger"]}
     assert len(tomls) == 1 and fixture == tomllib.loads(tomls.pop())
+
+
+OPEN_CAMPAIGN = """[campaign]
+id = "js-open"
+
+[[attributes]]
+name = "crash"
+type = "string"
+protocol = "HCMS"
+eps = 4.0
+m = 256
+k = 16
+top = 5
+candidates = ["a", "b"]
+
+[[attributes]]
+name = "pid"
+type = "u64"
+protocol = "CMS"
+eps = 2.0
+m = 100
+k = 4
+"""
+
+_OPEN_SCRIPT = """
+import { Device, MemoryStorage, keyTape } from './src/index.js';
+const [campaign, keys] = JSON.parse(process.argv[1]);
+const dev = new Device(campaign, new MemoryStorage(), { keys: keyTape(keys) });
+const objs = [dev.report('crash', 'NullPointerException in café ☕', 7), dev.report('crash', '', 7),
+  dev.report('pid', 18446744073709551615n, 7), dev.report('pid', 12345, 7)];
+console.log(JSON.stringify(objs));
+"""
+
+
+def test_node_open_domain_reports_are_the_references_and_decode(node):
+    """A Node device reporting strings and u64 values: with the same noise keys, the report bytes of the reference
+    randomizer on the ids of ``wire.campaign``'s attribute; every object decodes with the ingest's codec."""
+    from estimators.randomness import SimulationWarning
+    from ldpstream_dev.randomizer_vectors import KeyTape
+    from wire.single_report import decode_single_report
+
+    campaign = Campaign.from_dict(tomllib.loads(OPEN_CAMPAIGN))
+    keys = [f"{i:02x}" * 32 for i in range(1, 5)]
+    proc = subprocess.run([node, "--input-type=module", "-e", _OPEN_SCRIPT,
+                           json.dumps([tomllib.loads(OPEN_CAMPAIGN), keys])],
+                          cwd=JS, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    objs = json.loads(proc.stdout)
+    values = [("crash", "NullPointerException in café ☕"), ("crash", ""), ("pid", (1 << 64) - 1), ("pid", 12345)]
+    with __import__("warnings").catch_warnings():
+        __import__("warnings").simplefilter("ignore", SimulationWarning)
+        for obj, key, (attr, value) in zip(objs, keys, values):
+            got = decode_single_report(obj, {campaign.id: campaign})
+            a = campaign.attribute(attr)
+            want = a.protocol.randomize(np.array([a.value_id(value)], dtype=np.uint64), KeyTape(replay=[key]))
+            assert (got.attribute, got.t) == (attr, 7) and np.array_equal(got.reports, want), (attr, value)
 
 
 def test_node_devices_are_counted_exactly_once_through_the_ingest(local_stack, tmp_path, node):

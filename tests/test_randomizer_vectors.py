@@ -1,6 +1,6 @@
 """The randomizer vectors (tests/data/randomizer-vectors.json): complete, current, and reproduced byte for byte
-by the numba kernels and by their numpy twins (the frequency protocols, the solutions and the numeric mechanisms);
-a one-bit change of a key or an input changes the bytes.
+by the numba kernels and by their numpy twins (the frequency protocols, the solutions, the numeric mechanisms and
+the open-domain protocols, with the value ids and sketch hashes they rest on); a one-bit change of a key or an input changes the bytes.
 
 The light device SDK (``clients/python``) and the JavaScript client (``clients/js``) replay the same file in
 their own tests."""
@@ -25,6 +25,7 @@ VECTORS = json.loads(rv.VECTORS_PATH.read_text())
 PROTOCOL_IDS = [c["case"] for c in VECTORS["protocols"]]
 SOLUTION_IDS = [c["case"] for c in VECTORS["solutions"]]
 NUMERIC_IDS = [c["case"] for c in VECTORS["numeric"]]
+OPEN_IDS = [c["case"] for c in VECTORS["open_domain"]["cases"]]
 
 #: the kernels a device's randomizer calls, each replaced by its numpy twin in the twin test
 RANDOMIZER_KERNELS = ("grr_chain_randomize", "ue_chain_randomize", "hr_randomize", "fhr_randomize", "lh_encode",
@@ -232,3 +233,75 @@ def test_one_bit_changes_the_expected_numeric_bytes(change):
     got = [s["report"] for s in rv.replay_numeric(case)]
     want = [s["report"] for s in original["steps"]]
     assert [i for i, (a, b) in enumerate(zip(got, want)) if a != b] == [2]
+
+
+# ---------------------------------------------------------------- open-domain protocols (estimators.sketch)
+def test_every_open_domain_protocol_has_vectors():
+    from estimators.sketch.registry import OPEN_PROTOCOLS
+
+    cases = VECTORS["open_domain"]["cases"]
+    assert set(OPEN_PROTOCOLS) - {c["params"]["protocol"] for c in cases} == set()
+    assert {c["type"] for c in cases} == {"string", "u64"}
+    assert any(s["ext_words"] for c in cases if c["params"]["protocol"] == "CMS" for s in c["steps"])
+    assert any(ord(ch) > 127 for v in VECTORS["open_domain"]["value_ids"] for ch in v["value"])
+
+
+def test_value_ids_and_sketch_hashes():
+    from estimators.sketch.hashing import row_seeds, sketch_hash, spread, value_id
+
+    for v in VECTORS["open_domain"]["value_ids"]:
+        value = int(v["value"]) if v.get("type") == "u64" else v["value"]
+        assert f"{value_id(value):016x}" == v["id"], v
+        if "utf8" in v:
+            assert bytes.fromhex(v["utf8"]) == v["value"].encode("utf-8")
+    for h in VECTORS["open_domain"]["sketch_hash"]:
+        seeds = row_seeds(int(h["seed_hex"], 16), h["rows"])
+        assert [f"{int(s):016x}" for s in seeds] == h["row_seeds"]
+        assert [f"{spread(int(s)):016x}" for s in seeds] == h["spreads"]
+        ids = np.array([int(x, 16) for x in h["ids"]], dtype=np.uint64)
+        assert sketch_hash(ids, seeds, h["m"]).tolist() == h["hashes"]
+
+
+def test_every_open_domain_randomizing_kernel_has_its_twin_in_the_replay():
+    """A randomizing numba kernel an open-domain protocol's module calls is replaced by its twin in the twin replay."""
+    import importlib
+    import sys
+
+    from numba.core.registry import CPUDispatcher
+
+    from estimators.sketch.registry import OPEN_PROTOCOLS
+
+    listed = {(m, a) for m, a, _, _ in rv.OPEN_KERNELS}
+    found = set()
+    for module in {cls.__module__ for cls in OPEN_PROTOCOLS.values()}:
+        found |= {(module, n) for n, f in vars(sys.modules[module]).items()
+                  if isinstance(f, CPUDispatcher) and "randomize" in n}
+    assert found == listed
+    with rv.open_twins():
+        assert not any(isinstance(getattr(importlib.import_module(m), a), CPUDispatcher) for m, a in listed)
+
+
+@pytest.mark.parametrize("case", VECTORS["open_domain"]["cases"], ids=OPEN_IDS)
+def test_numba_kernels_reproduce_open_domain_vectors(case):
+    assert rv.replay_open(case) == _expected(case)
+    proto = rv._open_proto(case["params"])
+    assert proto.fingerprint == case["fingerprint"] and f"{proto.seed:016x}" == case["seed_hex"]
+
+
+@pytest.mark.parametrize("case", VECTORS["open_domain"]["cases"], ids=OPEN_IDS)
+def test_numpy_twins_reproduce_open_domain_vectors(case):
+    with rv.open_twins():
+        assert rv.replay_open(case) == _expected(case)
+
+
+@pytest.mark.parametrize("change", ["noise key", "value"])
+def test_one_bit_changes_the_expected_open_domain_bytes(change):
+    original = VECTORS["open_domain"]["cases"][OPEN_IDS.index("CMS m=256 k=16")]
+    case = copy.deepcopy(original)
+    if change == "noise key":
+        case["steps"][2]["keys"][0] = _flip(case["steps"][2]["keys"][0], 7)
+    else:
+        case["steps"][2]["value"] += "."  # another id: another cell of the row (the hash of this pair differs)
+    got = [s["report"] for s in rv.replay_open(case)]
+    differ = [i for i, (a, b) in enumerate(zip(got, [s["report"] for s in original["steps"]])) if a != b]
+    assert differ == [2]

@@ -1,4 +1,5 @@
-"""The device SDK's side of sending: labels where indices are accepted, the budget's plan said at construction,
+"""The device SDK's side of sending: labels where indices are accepted, open-domain values (strings and u64 ids,
+hashed on the device; other values refused; nothing of the value stored), the budget's plan said at construction,
 and ``send()`` retried after a dropped connection through the real ingest: counted once, never randomized again."""
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 from estimators.errors import LDPError
 from ldpstream_dev.dropping_proxy import DroppingProxy, request_body, request_header
 from ldpstream_dev.workers import IngestProcess, WorkerProcess, unique_campaign_file, wait_for_counts
-from producers.sdk import Device, IngestError
+from producers.sdk import BudgetExceeded, Device, IngestError
 from wire.campaign import Campaign
 
 DEMO = Path(__file__).resolve().parents[1] / "deploy" / "campaigns" / "demo.toml"
@@ -36,6 +37,52 @@ def test_labels_are_accepted_wherever_indices_are(tmp_path):
     assert objs and all(o["attribute"] in ("dark_mode", "country", "device_model") for o in objs)
     with pytest.raises(LDPError, match="not a label of 'dark_mode'"):
         dev.report_group("device", {"dark_mode": "dim", "country": 3, "device_model": 17}, t=2)
+
+
+OPEN = {"campaign": {"id": "open-test"}, "attributes": [
+    {"name": "crash", "type": "string", "protocol": "HCMS", "eps": 4.0, "m": 256, "k": 16, "top": 5,
+     "candidates": ["a", "b", "c"]},
+    {"name": "pid", "type": "u64", "protocol": "CMS", "eps": 1.0, "m": 100, "k": 4},
+    {"name": "opt_in", "k": 2, "protocol": "GRR", "eps": 1.0, "labels": ["no", "yes"]}]}
+
+
+def test_open_domain_values_are_hashed_on_the_device_and_decode(tmp_path):
+    """A string / u64 attribute: its report decodes with the worker's codec, a value of another type is refused
+    before anything is spent, each report spends eps_first (memoryless), a restored ledger goes on counting, and
+    the state directory holds neither the strings nor their ids."""
+    from wire.single_report import decode_single_report
+
+    campaign = Campaign.from_dict(OPEN)
+    crash, pid = campaign.attribute("crash"), campaign.attribute("pid")
+    eps = float(crash.protocol.eps_first), float(pid.protocol.eps_first)
+    secret = "NullPointerException in café ☕"
+    dev = Device(campaign, tmp_path / "dev", budget_eps=10.0)
+    objs = [dev.report("crash", secret, t=3), dev.report("pid", (1 << 64) - 1, t=3), dev.report("pid", 0, t=3)]
+    for obj, attr in zip(objs, ("crash", "pid", "pid")):
+        got = decode_single_report(obj, {campaign.id: campaign})
+        assert (got.attribute, got.t, len(got.reports)) == (attr, 3, 1)
+        assert got.reports.dtype == campaign.attribute(attr).protocol.report_dtype
+    for attr, bad in (("crash", 3), ("crash", b"x"), ("crash", None), ("pid", "3"), ("pid", -1), ("pid", 1 << 64),
+                      ("pid", True), ("pid", 2.0)):
+        with pytest.raises(LDPError, match=f"attribute '{attr}' takes"):
+            dev.report(attr, bad, t=3)
+    with pytest.raises(LDPError, match="is open-domain"):
+        dev.value_index("crash", "a")
+    with pytest.raises(LDPError, match="is not open-domain"):
+        dev.value_id("opt_in", "yes")
+    assert dev.value_id("crash", "a") == crash.value_id("a") and dev.value_id("pid", 5) == 5
+    assert dev.privacy_loss() == pytest.approx(eps[0] + 2 * eps[1]) == dev.reserved_loss()
+    assert dev.spent_reports == {"crash": 1, "pid": 2} and dev.last_values == {}
+    dev.close()
+    stored = b"".join(p.read_bytes() for p in (tmp_path / "dev").rglob("*") if p.is_file())
+    assert secret.encode() not in stored and b"caf" not in stored
+    assert str(crash.value_id(secret)).encode() not in stored and crash.value_id(secret).to_bytes(8, "little") not in stored
+    dev = Device(campaign, tmp_path / "dev", budget_eps=10.0)  # the ledger restored: 5.x spent of 10
+    assert dev.privacy_loss() == pytest.approx(eps[0] + 2 * eps[1])
+    dev.report("crash", "another", t=4)
+    with pytest.raises(BudgetExceeded):  # memoryless: a report that does not fit is refused, never frozen
+        dev.report("crash", secret, t=4)
+    dev.close()
 
 
 def test_the_budget_says_what_it_memoizes_at_construction(tmp_path, caplog):

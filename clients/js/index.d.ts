@@ -78,7 +78,7 @@ export interface RandomizeOptions {
 }
 
 /** Protocol parameters as in the campaign TOML / estimators.make keywords. */
-export type ProtocolParams = Record<string, number | string | boolean | null | undefined>;
+export type ProtocolParams = Record<string, number | bigint | string | boolean | null | undefined>;
 
 export declare abstract class Protocol {
   readonly name: string;
@@ -110,7 +110,8 @@ export type ProtocolName = 'GRR' | 'SUE' | 'OUE' | 'ADP' | 'L-GRR' | 'L-SUE' | '
 export declare const PROTOCOLS: Record<ProtocolName, [new (params: ProtocolParams) => Protocol, string[], string[]]>;
 /** make("L-OSUE", {k: 100, eps_inf: 2.0, eps_1: 1.0}); unknown or missing keywords are refused. */
 export declare function make(name: ProtocolName | string, params?: ProtocolParams): Protocol;
-/** Inverse of proto.params(); parameters with a `mechanism` (and no `protocol`) give a numeric mechanism. */
+/** Inverse of proto.params(); parameters with a `mechanism` (and no `protocol`) give a numeric mechanism, an
+ * open-domain protocol's name (CMS, HCMS) an OpenDomainProtocol. */
 export declare function fromParams(params: Record<string, unknown>): Protocol;
 export declare function parameters(name: string): string[];
 
@@ -178,6 +179,53 @@ export declare const SOLUTIONS: Record<SolutionName, [new (params: Record<string
 export declare function makeSolution(params: { solution: SolutionName | string; ks: number[]; [k: string]: unknown }): Solution;
 export declare function amplifiedEps(eps: number, d: number): number;
 
+// ---------------------------------------------------------------- open-domain protocols (type = "string" / "u64")
+/** An open-domain value: a string (type "string"), or an integer in [0, 2^64) (type "u64": a BigInt, or a
+ * non-negative safe integer Number). */
+export type OpenValue = string | bigint | number;
+/** The 64-bit id of a value: a string's little-endian first 8 bytes of the SHA-256 of its UTF-8 bytes (a string
+ * with a lone surrogate is refused), an integer itself. */
+export declare function valueId(value: OpenValue | Uint8Array): bigint;
+/** The public seeds of `rows` hash functions: mix64(seed + j + 1). */
+export declare function rowSeeds(seed: bigint | number, rows: number): bigint[];
+/** mix64(seed * 0x9E3779B97F4A7C15 + 0x5348). */
+export declare function spread(seed: bigint | number): bigint;
+/** The SplitMix64 finalizer of z mod 2^64. */
+export declare function sketchMix64(z: bigint): bigint;
+/** h_rowSeed(id) = ((mix64(id ^ spread(rowSeed)) >> 32) * m) >> 32, in [0, m). */
+export declare function sketchHash(id: bigint, rowSeed: bigint, m: number): number;
+/** T = ceil(2^bits / (e^eps + 1)), at least 1. */
+export declare function flipThreshold(eps: number, bits: number): number;
+
+/** The device side of an open-domain protocol: ONE 64-bit value id per report, fresh noise, no memo state. */
+export declare abstract class OpenDomainProtocol extends Protocol {
+  readonly openDomain: true;
+  readonly eps: number;
+  readonly m: number;
+  /** The sketch rows (Apple's k). */
+  readonly k: number;
+  readonly seed: bigint;
+  readonly seeds: bigint[];
+  /** The flip threshold and probability (T / 2^32 for CMS, T / 2^53 for HCMS). */
+  readonly T: number;
+  readonly q: number;
+  /** The support size (a campaign attribute's k). */
+  readonly supportSize: number;
+  /** The report of a value id (BigInt, or a safe integer Number). */
+  randomize(v: bigint | number, options: RandomizeOptions): Uint8Array;
+  /** The report of a value: a string, or an integer id in [0, 2^64). */
+  randomizeValue(value: OpenValue, options: { keys: KeySource }): Uint8Array;
+}
+export interface SketchParams { eps: number; m: number; k: number; seed: bigint | number }
+/** Apple's Count Mean Sketch: report uint8 [2 + ceil(m/8)], the row (uint16 LE) then m bits. */
+export declare class CMS extends OpenDomainProtocol { constructor(p: SketchParams); }
+/** Apple's Hadamard Count Mean Sketch (m a power of 2): report uint64 LE, ((j m + l) << 1) | bit. */
+export declare class HCMS extends OpenDomainProtocol { constructor(p: SketchParams); }
+export type OpenProtocolName = 'CMS' | 'HCMS';
+export declare const OPEN_PROTOCOLS: Record<OpenProtocolName, [new (params: SketchParams) => OpenDomainProtocol, string[], string[]]>;
+/** makeOpen("HCMS", {eps: 4.0, m: 256, k: 16, seed: valueId("crash")}); unknown or missing keywords are refused. */
+export declare function makeOpen(name: OpenProtocolName | string, params?: Record<string, unknown>): OpenDomainProtocol;
+
 // ---------------------------------------------------------------- numeric mechanisms
 export type MechanismName = 'Laplace' | 'Duchi' | 'PM' | 'HM' | 'SW' | '1BitMean';
 
@@ -235,13 +283,19 @@ export interface CampaignJSON {
   campaign: { id: string; time_step_seconds?: number; lateness_seconds?: number; max_batch_reports?: number;
     retention_steps?: number; max_steps_ahead?: number; min_n?: number; description?: string };
   attributes: Array<{ name: string; k: number; protocol?: string; labels?: string[]; defense?: string; type?: 'categorical'; [param: string]: unknown }
-    | { name: string; type: 'numeric'; range: [number, number]; mechanism: MechanismName; eps: number; [param: string]: unknown }>;
+    | { name: string; type: 'numeric'; range: [number, number]; mechanism: MechanismName; eps: number; [param: string]: unknown }
+    | { name: string; type: 'string'; protocol: OpenProtocolName; eps: number; m: number; k: number; seed?: bigint | number;
+        top?: number; candidates?: string[]; [param: string]: unknown }
+    | { name: string; type: 'u64'; protocol: OpenProtocolName; eps: number; m: number; k: number; seed?: bigint | number;
+        top?: number; candidates?: Array<bigint | number>; [param: string]: unknown }>;
   groups?: Array<{ name: string; attributes: string[]; solution: string; [param: string]: unknown }>;
 }
 
 export declare class CampaignError extends LDPError {}
 export declare const MAX_STEP: number;
-export declare const ATTRIBUTE_TYPES: ['categorical', 'numeric'];
+export declare const ATTRIBUTE_TYPES: ['categorical', 'numeric', 'string', 'u64'];
+export declare const MAX_TOP: number;
+export declare const MAX_CANDIDATES: number;
 
 export declare class Attribute {
   readonly name: string;
@@ -253,6 +307,15 @@ export declare class Attribute {
   readonly index: number | null;
   /** A numeric attribute (type = "numeric"): its protocol is a NumericMechanism and its values are numbers. */
   readonly numeric: boolean;
+  /** 'categorical', 'numeric', 'string' or 'u64'. */
+  readonly valueType: 'categorical' | 'numeric' | 'string' | 'u64';
+  /** An open-domain attribute (type = "string" or "u64"): its protocol is an OpenDomainProtocol, k its support size. */
+  readonly openDomain: boolean;
+  /** An open-domain attribute's top-K size and candidates (server-side; validated as the reference does). */
+  readonly top: number;
+  readonly candidates: Array<string | bigint | number>;
+  /** An open-domain value's id (CampaignError for a value of another type). */
+  valueId(value: OpenValue): bigint;
   label(v: number): string;
 }
 
@@ -351,7 +414,8 @@ export declare class IngestError extends LDPError {
   readonly body: string;
 }
 
-export type Value = number | string;
+/** An index or a label, a numeric attribute's measurement, or an open-domain attribute's string / u64 (bigint). */
+export type Value = number | string | bigint;
 export type GroupValues = Record<string, Value> | Value[];
 
 export declare function budgetPlan(campaign: Campaign, budgetEps: number | null): string;
@@ -365,12 +429,16 @@ export declare class Ledger {
   readonly budgetPlan: string;
   close(): void;
   valueIndex(attribute: string, value: Value): number;
+  /** An open-domain attribute's value as its 64-bit id: a string ("string") or an integer in [0, 2^64) ("u64"); hashed
+   * on the device (LDPError otherwise). */
+  valueId(attribute: string, value: OpenValue): bigint;
   /** A numeric attribute's measurement checked: a finite number (LDPError otherwise). */
   numericValue(attribute: string, value: unknown): number;
   /** Values of numeric `attribute` this object clipped to the range (kept on the device, never sent or stored). */
   clipped(attribute: string): number;
-  /** One report's bytes (a numeric attribute: value is a measurement, clipped to its range; freezes past the
-   * budget; BudgetExceeded on data-independent grounds only). */
+  /** One report's bytes (a numeric attribute: value is a measurement, clipped to its range; an open-domain one: a
+   * string or a u64, hashed here, each report spending eps; freezes past the budget; BudgetExceeded on
+   * data-independent grounds only). */
   randomize(attribute: string, value: Value): Uint8Array;
   randomizeGroup(group: string, values: GroupValues): Array<[string, Uint8Array]>;
   privacyLoss(attribute?: string | null, options?: { group?: string | null }): number;

@@ -2,10 +2,15 @@
 //   python -c 'import json, sys, tomllib; print(json.dumps(tomllib.load(open(sys.argv[1], "rb"))))' campaign.toml
 // {campaign: {id, time_step_seconds, ...}, attributes: [{name, k, protocol, <its parameters>, labels?}, ...,
 //  {name, type: "numeric", range: [lo, hi], mechanism, eps, <the mechanism's parameters>}, ...],
+//  {name, type: "string" | "u64", protocol: "CMS" | "HCMS", eps, m, k, seed?, top?, candidates?}, ...],
 //  groups: [{name, attributes: [...], solution, <its parameters>}, ...]}
+// JSON numbers are exact up to 2^53 only: give a u64 candidate or an explicit seed above it as a BigInt (or parse
+// the JSON with a reviver that makes such integers BigInts); an unsafe Number is refused, never rounded.
 import { make } from './registry.js';
 import { makeSolution } from './multidim.js';
 import { MECHANISMS, makeNumeric } from './numeric.js';
+import { OPEN_PROTOCOLS, makeOpen } from './registry.js';
+import { asU64, valueId } from './sketch.js';
 import { LDPError, fingerprintOf } from './util.js';
 
 export class CampaignError extends LDPError {
@@ -23,8 +28,27 @@ export const MAX_STEP = 2 ** 32 - 1;
 
 /** One attribute: its protocol (an ungrouped attribute) or its group and index in the group's solution. */
 export class Attribute {
-  constructor(name, k, protocol, labels = [], group = null, index = null) {
-    Object.assign(this, { name, k, protocol, labels, group, index });
+  constructor(name, k, protocol, labels = [], group = null, index = null, valueType = 'categorical', top = 0,
+    candidates = []) {
+    Object.assign(this, { name, k, protocol, labels, group, index, valueType, top, candidates });
+  }
+
+  /** Whether values are open-domain strings or 64-bit integers (type = "string" or "u64"). */
+  get openDomain() {
+    return this.valueType === 'string' || this.valueType === 'u64';
+  }
+
+  /** An open-domain value's 64-bit id (a BigInt): a string for "string", an integer in [0, 2^64) for "u64" (a
+   * BigInt, or a safe integer Number); CampaignError otherwise. */
+  valueId(value) {
+    if (this.valueType === 'u64') {
+      if (asU64(value) === null) throw new CampaignError(`attribute '${this.name}' takes integers in [0, 2^64), got ${describe(value)}`);
+    } else if (this.valueType === 'string') {
+      if (typeof value !== 'string') throw new CampaignError(`attribute '${this.name}' takes strings, got ${describe(value)}`);
+    } else {
+      throw new CampaignError(`attribute '${this.name}' is not open-domain (${this.valueType})`);
+    }
+    return valueId(value);
   }
 
   label(v) {
@@ -37,8 +61,61 @@ export class Attribute {
   }
 }
 
+function describe(v) {
+  if (typeof v === 'string') return JSON.stringify(v);
+  if (typeof v === 'bigint') return `${v}n`;
+  return String(v);
+}
+
 /** The kinds of attribute (`type`). */
-export const ATTRIBUTE_TYPES = ['categorical', 'numeric'];
+export const ATTRIBUTE_TYPES = ['categorical', 'numeric', 'string', 'u64'];
+/** The most items an open-domain attribute publishes per step, and the most candidates it lists. */
+export const MAX_TOP = 1000;
+export const MAX_CANDIDATES = 10000;
+
+/**
+ * A type = "string" or "u64" attribute (wire/campaign.py _open_attribute): an open-domain protocol and its
+ * parameters (seed defaults to the id of the attribute's name), top (default 10) and candidates; no labels, no
+ * group, defense "none" only.
+ */
+function openAttribute(name, kind, spec, labels, defense) {
+  if (labels.length) throw new CampaignError(`attribute '${name}' is open-domain (${kind}): it has no labels (name values with candidates)`);
+  if (defense !== 'none') {
+    throw new CampaignError(`attribute '${name}' is open-domain: no report-level poisoning defense applies to a sketch; only defense = "none"`);
+  }
+  if ('range' in spec || 'mechanism' in spec) {
+    throw new CampaignError(`attribute '${name}' is open-domain: it has a protocol, its parameters, top and candidates, not range or mechanism`);
+  }
+  const { protocol, top = 10, candidates = [], ...params } = spec;
+  if (typeof protocol !== 'string' || !Object.hasOwn(OPEN_PROTOCOLS, protocol)) {
+    throw new CampaignError(`attribute '${name}' needs an open-domain protocol, one of ${Object.keys(OPEN_PROTOCOLS).join(', ')}; got ${JSON.stringify(protocol) ?? String(protocol)}`);
+  }
+  if (typeof top !== 'number' || !Number.isInteger(top) || top < 1 || top > MAX_TOP) {
+    throw new CampaignError(`attribute '${name}': top must be an integer in [1, ${MAX_TOP}], got ${describe(top)}`);
+  }
+  if (!Array.isArray(candidates) || candidates.length > MAX_CANDIDATES) {
+    throw new CampaignError(`attribute '${name}': candidates must be a list of at most ${MAX_CANDIDATES} values`);
+  }
+  const seen = new Set();
+  for (const c of candidates) {
+    const ok = kind === 'string' ? typeof c === 'string' : asU64(c) !== null;
+    if (!ok) {
+      const unsafe = typeof c === 'number' && Number.isInteger(c) && c > 0 ? ' (above 2^53: give it as a BigInt)' : '';
+      throw new CampaignError(`attribute '${name}': candidate ${describe(c)} is not a ${kind === 'string' ? 'string' : 'integer in [0, 2^64)'}${unsafe}`);
+    }
+    const key = kind === 'string' ? c : asU64(c);
+    if (seen.has(key)) throw new CampaignError(`attribute '${name}': a candidate is listed twice`);
+    seen.add(key);
+  }
+  if (params.seed === undefined) params.seed = valueId(name);
+  let proto;
+  try {
+    proto = makeOpen(protocol, params);
+  } catch (exc) {
+    throw new CampaignError(`attribute '${name}': ${exc.message}`);
+  }
+  return new Attribute(name, proto.supportSize, proto, [], null, null, kind, top, candidates.slice());
+}
 
 /**
  * A type = "numeric" attribute (wire/campaign.py _numeric_attribute): range = [lo, hi], a mechanism and its
@@ -165,6 +242,11 @@ export class Campaign {
       if (kind === 'numeric') {
         if (memberOf.has(name)) throw new CampaignError(`attribute '${name}' is numeric: it cannot belong to group '${memberOf.get(name)}' (a group's solution reports categorical values)`);
         attrs.set(name, numericAttribute(name, protocol === undefined ? params : { ...params, protocol }, labels, defense));
+        continue;
+      }
+      if (kind === 'string' || kind === 'u64') {
+        if (memberOf.has(name)) throw new CampaignError(`attribute '${name}' is open-domain: it cannot belong to group '${memberOf.get(name)}' (a group's solution reports categorical values)`);
+        attrs.set(name, openAttribute(name, kind, protocol === undefined ? params : { ...params, protocol }, labels, defense));
         continue;
       }
       if (memberOf.has(name)) {

@@ -95,7 +95,8 @@ export class Device extends Ledger {
     return this.campaign.stepAt();
   }
 
-  /** The single-report JSON object of one randomized report (value: an index or a label). */
+  /** The single-report JSON object of one randomized report (value: an index or a label, a numeric attribute's
+   * measurement, or an open-domain attribute's string / u64 (a BigInt or a safe integer), hashed on the device). */
   report(attribute, value, t = null) {
     this.own(attribute); // an unknown or grouped attribute fails before anything is spent
     const step = checkStep(t === null ? this.currentStep() : t);

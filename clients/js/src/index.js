@@ -5,7 +5,9 @@ export {
   formatG,
 } from './util.js';
 export { MemoState, Protocol } from './protocol.js';
-export { make, fromParams, parameters, PROTOCOLS } from './registry.js';
+export { make, fromParams, parameters, PROTOCOLS, makeOpen, OPEN_PROTOCOLS } from './registry.js';
+export { OpenDomainProtocol, valueId, sketchHash, rowSeeds, spread, mix64 as sketchMix64, flipThreshold } from './sketch.js';
+export { CMS, HCMS } from './cms.js';
 export { GRR, LGRR, grrProbabilities } from './direct.js';
 export { SUE, OUE, LOUE, LSUE, LOSUE, LSOUE, ueChain } from './unary.js';
 export { ADP, LADP } from './adaptive.js';
@@ -17,7 +19,7 @@ export { SHE, THE, theOptimalTheta } from './histogram.js';
 export { NumericMechanism, Laplace, Duchi, PM, HM, SW, OneBitMean, MECHANISMS, makeNumeric, toUnit, readReport,
   EPS_STAR } from './numeric.js';
 export { makeSolution, SOLUTIONS, MultiState, Solution, amplifiedEps } from './multidim.js';
-export { Campaign, CampaignError, Attribute, Group, MAX_STEP, ATTRIBUTE_TYPES } from './campaign.js';
+export { Campaign, CampaignError, Attribute, Group, MAX_STEP, ATTRIBUTE_TYPES, MAX_TOP, MAX_CANDIDATES } from './campaign.js';
 export { encodePayload, decodePayload, encodeSingleReport, base64Encode, base64Decode, checkStep, encodeCompact,
   COMPACT_CONTENT_TYPE } from './wire.js';
 export { Ledger, BudgetExceeded, DeviceStateError, budgetPlan } from './ledger.js';

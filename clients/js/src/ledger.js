@@ -550,9 +550,19 @@ export class Ledger {
     return this.clippedCounts[attribute] ?? 0;
   }
 
-  /** One value as the protocol's input: a domain index (categorical) or a measurement (numeric, clipping counted). */
+  /** An open-domain attribute's value as its 64-bit id (a BigInt): a string (type = "string", the first 8 bytes of its
+   * SHA-256) or an integer in [0, 2^64) (type = "u64": a BigInt or a safe integer Number, itself); LDPError otherwise. */
+  valueId(attribute, value) {
+    const a = this.campaign.attribute(attribute);
+    if (!a.openDomain) throw new LDPError(`attribute '${attribute}' is not open-domain (type '${a.valueType}')`);
+    return a.valueId(value);
+  }
+
+  /** One value as the protocol's input: a domain index (categorical), a measurement (numeric, clipping counted) or
+   * a 64-bit value id (open-domain: hashed here, the raw value goes no further). */
   inputValue(attribute, value) {
     const a = this.campaign.attribute(attribute);
+    if (a.openDomain) return this.valueId(attribute, value);
     if (!a.numeric) return this.valueIndex(attribute, value);
     const v = this.numericValue(attribute, value);
     if (a.protocol.clipped(v)) this.clippedCounts[attribute] = (this.clippedCounts[attribute] ?? 0) + 1;
@@ -563,6 +573,7 @@ export class Ledger {
   valueIndex(attribute, value) {
     const a = this.campaign.attribute(attribute);
     if (a.numeric) throw new LDPError(`attribute '${attribute}' is numeric: its values are measurements (numbers), not domain indices`);
+    if (a.openDomain) throw new LDPError(`attribute '${attribute}' is open-domain (${a.valueType}): its values have no domain index (report the value itself)`);
     if (typeof value === 'string') {
       const i = a.labels.indexOf(value);
       if (i >= 0) return i;
@@ -576,8 +587,8 @@ export class Ledger {
   }
 
   // ------------------------------------------------------------------ randomizing
-  /** Randomize one value (report bytes; a numeric attribute's: a measurement, clipped to its range), enforcing and
-   * recording the budget (may freeze; BudgetExceeded). */
+  /** Randomize one value (report bytes; a numeric attribute's: a measurement, clipped to its range; an open-domain
+   * attribute's: a string or a u64, hashed here), enforcing and recording the budget (may freeze; BudgetExceeded). */
   randomize(attribute, value) {
     const proto = this.own(attribute);
     const v = this.inputValue(attribute, value);

@@ -9,6 +9,7 @@ import { DBitFlipPM } from './bitflip.js';
 import { SS } from './subset.js';
 import { SHE, THE } from './histogram.js';
 import { makeNumeric } from './numeric.js';
+import { CMS, HCMS } from './cms.js';
 import { LDPError } from './util.js';
 
 const L = ['k', 'eps_inf', 'eps_1', 'calibration'];
@@ -38,6 +39,33 @@ export const PROTOCOLS = {
   THE: [THE, ['k', 'eps', 'theta'], S],
 };
 
+const SKETCH = ['eps', 'm', 'k', 'seed'];
+
+/**
+ * name -> [class, accepted keywords, required keywords] of the open-domain protocols of a type = "string" / "u64"
+ * attribute (estimators.sketch.OPEN_PROTOCOLS). A new protocol: its module (an OpenDomainProtocol) and one line here.
+ */
+export const OPEN_PROTOCOLS = {
+  CMS: [CMS, SKETCH, SKETCH],
+  HCMS: [HCMS, SKETCH, SKETCH],
+};
+
+function construct(table, what, name, params) {
+  const entry = Object.hasOwn(table, name) ? table[name] : null;
+  if (!entry) throw new LDPError(`unknown ${what} '${name}'; known: ${Object.keys(table).join(', ')}`);
+  const [Cls, accepted, required] = entry;
+  const unknown = Object.keys(params).filter((p) => !accepted.includes(p)).sort();
+  if (unknown.length) throw new LDPError(`${name} does not take ${unknown.join(', ')}; it takes ${accepted.join(', ')}`);
+  const missing = required.filter((p) => params[p] === undefined);
+  if (missing.length) throw new LDPError(`${name} needs ${missing.join(', ')}`);
+  return new Cls(params);
+}
+
+/** Build an open-domain protocol: makeOpen("HCMS", {eps: 4.0, m: 256, k: 16, seed: valueId("crash")}). */
+export function makeOpen(name, params = {}) {
+  return construct(OPEN_PROTOCOLS, 'open-domain protocol', name, params);
+}
+
 /** The keyword parameters make(name) accepts. */
 export function parameters(name) {
   const entry = PROTOCOLS[name];
@@ -57,12 +85,14 @@ export function make(name, params = {}) {
   return new Cls(params);
 }
 
-/** Inverse of proto.params() (a numeric mechanism's parameters name their `mechanism`). */
+/** Inverse of proto.params() (a numeric mechanism's parameters name their `mechanism`; an open-domain protocol's
+ * seed may be a BigInt). */
 export function fromParams(params) {
   if (params.mechanism !== undefined && params.protocol === undefined) {
     const { mechanism, ...own } = params;
     return makeNumeric(mechanism, own);
   }
   const { protocol, chosen, ...rest } = params;
+  if (Object.hasOwn(OPEN_PROTOCOLS, protocol)) return makeOpen(protocol, rest);
   return make(protocol, rest);
 }

@@ -153,6 +153,7 @@ function pyJson(value, key, sortKeys, sep) {
   if (value === null || value === undefined) return 'null';
   if (value instanceof PyFloat) return pyFloatRepr(value.value);
   if (typeof value === 'boolean') return value ? 'true' : 'false';
+  if (typeof value === 'bigint') return value.toString(); // a 64-bit integer (an open-domain protocol's seed)
   if (typeof value === 'number') {
     if (FLOAT_KEYS.has(key) || !Number.isInteger(value)) return pyFloatRepr(value);
     return String(value);

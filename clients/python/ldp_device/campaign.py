@@ -9,6 +9,13 @@ A numeric attribute (``type = "numeric"``) has a ``range = [lo, hi]``, a ``mecha
 :data:`ldp_device.registry.MECHANISMS`) and the mechanism's parameters instead of ``k`` and ``protocol``; its
 protocol is the mechanism (:mod:`ldp_device.numeric`), its parameters ``{"mechanism", "eps", "lo", "hi", ...}``.
 It belongs to no group and has no labels and no poisoning defense.
+
+An open-domain attribute (``type = "string"`` or ``"u64"``) reports values nobody listed: a string (its id:
+:func:`ldp_device.sketch.value_id`, the first 8 bytes of its SHA-256) or an integer in ``[0, 2^64)``, randomized by
+an open-domain protocol (a name of :data:`ldp_device.registry.OPEN_PROTOCOLS`: CMS, HCMS) with its parameters;
+its ``seed`` defaults to the attribute name's id, ``top`` (default 10, at most 1000) and ``candidates`` (at most
+10,000, strings or integers by the type) are server-side but validated as the reference does. No group, labels or
+poisoning defense.
 """
 from __future__ import annotations
 
@@ -26,11 +33,13 @@ from .direct import GRR, LGRR
 from .errors import CampaignError, LDPError
 from .hashing import LOLOHA, LocalHashing
 from .numeric import NumericMechanism
-from .registry import MECHANISMS, make, make_numeric
+from .registry import MECHANISMS, OPEN_PROTOCOLS, make, make_numeric, make_open
+from .sketch import value_id as _value_id
 from .solutions import AttributeView, Solution, make_solution
 from .unary import UnaryReports
 
-__all__ = ["Attribute", "Group", "Campaign", "DEFENSES", "ATTRIBUTE_TYPES", "step_at", "default_retention_steps"]
+__all__ = ["Attribute", "Group", "Campaign", "DEFENSES", "ATTRIBUTE_TYPES", "MAX_TOP", "MAX_CANDIDATES", "step_at",
+           "default_retention_steps"]
 
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 _CAMPAIGN_KEYS = {"id", "time_step_seconds", "lateness_seconds", "max_batch_reports", "retention_steps",
@@ -38,7 +47,9 @@ _CAMPAIGN_KEYS = {"id", "time_step_seconds", "lateness_seconds", "max_batch_repo
 MIN_TIME_STEP_SECONDS = 1.0
 DEFAULT_RETENTION_SECONDS = 7 * 86400
 DEFENSES = ("none", "plausibility", "itemset")
-ATTRIBUTE_TYPES = ("categorical", "numeric")
+ATTRIBUTE_TYPES = ("categorical", "numeric", "string", "u64")
+#: the most items an open-domain attribute publishes per step, and the most candidates it lists
+MAX_TOP, MAX_CANDIDATES = 1000, 10_000
 
 AttributeProtocol = Union[Protocol, AttributeView]
 
@@ -50,12 +61,32 @@ def default_retention_steps(time_step_seconds: float) -> int:
 class Attribute:
     """One attribute of a campaign: its protocol (a group attribute: the solution's view of it)."""
 
-    __slots__ = ("name", "k", "protocol", "labels", "group", "defense")
+    __slots__ = ("name", "k", "protocol", "labels", "group", "defense", "value_type", "top", "candidates")
 
     def __init__(self, name: str, k: int, protocol: AttributeProtocol, labels: tuple[str, ...] = (),
-                 group: str | None = None, defense: str = "none") -> None:
+                 group: str | None = None, defense: str = "none", value_type: str = "categorical", top: int = 0,
+                 candidates: tuple[str | int, ...] = ()) -> None:
         self.name, self.k, self.protocol, self.labels, self.group, self.defense = \
             name, k, protocol, tuple(labels), group, defense
+        self.value_type, self.top, self.candidates = value_type, top, tuple(candidates)
+
+    @property
+    def open_domain(self) -> bool:
+        """Whether values are open-domain strings or 64-bit integers (``type = "string"`` or ``"u64"``)."""
+        return self.value_type in ("string", "u64")
+
+    def value_id(self, value: str | int) -> int:
+        """An open-domain value's 64-bit id (a string for ``"string"``, an integer in ``[0, 2^64)`` for ``"u64"``);
+        :class:`CampaignError` for anything else."""
+        if self.value_type == "u64":
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 1 << 64:
+                raise CampaignError(f"attribute {self.name!r} takes integers in [0, 2^64), got {value!r}")
+        elif self.value_type == "string":
+            if not isinstance(value, str):
+                raise CampaignError(f"attribute {self.name!r} takes strings, got {value!r}")
+        else:
+            raise CampaignError(f"attribute {self.name!r} is not open-domain ({self.value_type})")
+        return _value_id(value)
 
     def label(self, v: int) -> str:
         return self.labels[v] if self.labels else str(v)
@@ -116,6 +147,46 @@ def _numeric_attribute(name: str, spec: dict[str, Any], labels: tuple[str, ...],
     except (LDPError, TypeError) as exc:
         raise CampaignError(f"attribute {name!r}: {exc}") from exc
     return Attribute(name, proto.k, proto)
+
+
+def _open_attribute(name: str, kind: str, spec: dict[str, Any], labels: tuple[str, ...], defense: Any) -> Attribute:
+    """A ``type = "string"`` or ``"u64"`` attribute from its table without ``name`` and ``type`` (``wire.campaign``'s
+    rules)."""
+    spec = dict(spec)
+    if labels:
+        raise CampaignError(f"attribute {name!r} is open-domain ({kind}): it has no labels (name values with "
+                            f"candidates)")
+    if defense != "none":
+        raise CampaignError(f"attribute {name!r} is open-domain: no report-level poisoning defense applies to a "
+                            f"sketch; only defense = \"none\"")
+    if "range" in spec or "mechanism" in spec:
+        raise CampaignError(f"attribute {name!r} is open-domain: it has a protocol, its parameters, top and "
+                            f"candidates, not range or mechanism")
+    proto_name = spec.pop("protocol", None)
+    if not isinstance(proto_name, str) or proto_name not in OPEN_PROTOCOLS:
+        raise CampaignError(f"attribute {name!r} needs an open-domain protocol, one of {', '.join(OPEN_PROTOCOLS)}; "
+                            f"got {proto_name!r}")
+    top = spec.pop("top", 10)
+    if isinstance(top, bool) or not isinstance(top, int) or not 1 <= top <= MAX_TOP:
+        raise CampaignError(f"attribute {name!r}: top must be an integer in [1, {MAX_TOP}], got {top!r}")
+    cands = spec.pop("candidates", [])
+    if not isinstance(cands, list) or len(cands) > MAX_CANDIDATES:
+        raise CampaignError(f"attribute {name!r}: candidates must be a list of at most {MAX_CANDIDATES} values")
+    for c in cands:
+        ok = isinstance(c, str) if kind == "string" else \
+            (isinstance(c, int) and not isinstance(c, bool) and 0 <= c < 1 << 64)
+        if not ok:
+            what = "string" if kind == "string" else "integer in [0, 2^64)"
+            raise CampaignError(f"attribute {name!r}: candidate {c!r} is not a {what}")
+    if len(set(cands)) != len(cands):
+        raise CampaignError(f"attribute {name!r}: a candidate is listed twice")
+    spec.setdefault("seed", _value_id(name))
+    try:
+        proto = make_open(proto_name, **spec)
+    except (LDPError, TypeError) as exc:
+        raise CampaignError(f"attribute {name!r}: {exc}") from exc
+    return Attribute(name, proto.support_size, proto, value_type=kind, top=top,  # type: ignore[attr-defined]
+                     candidates=tuple(cands))
 
 
 def _check_defense(name: str, proto: Protocol, defense: Any) -> str:
@@ -244,6 +315,12 @@ class Campaign:
                     raise CampaignError(f"attribute {name!r} is numeric: it cannot belong to group "
                                         f"{member_of[name]!r} (a group's solution reports categorical values)")
                 attrs[name] = _numeric_attribute(name, a, labels, defense)
+                continue
+            if kind in ("string", "u64"):
+                if name in member_of:
+                    raise CampaignError(f"attribute {name!r} is open-domain: it cannot belong to group "
+                                        f"{member_of[name]!r} (a group's solution reports categorical values)")
+                attrs[name] = _open_attribute(name, kind, a, labels, defense)
                 continue
             if name in member_of:
                 if defense != "none":

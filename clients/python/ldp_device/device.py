@@ -12,7 +12,13 @@ dev.send("opt_in", "yes")             # a label of the campaign instead of an in
 obj = dev.report("crash_minute", 95, t=7)   # or build the JSON object and send it yourself
 dev.send_group("device", {"dark_mode": "on", "country": 3, "device_model": 17})   # a [[groups]] solution
 dev.send("session_seconds", 312.5)    # a numeric attribute (type = "numeric"): a measurement, clipped to its range
+dev.send("crash_signature", "NullPointerException@Foo.java:42")   # type = "string": any string (hashed here)
 ```
+
+An open-domain attribute (``type = "string"`` or ``"u64"``) takes a ``str`` or an integer in ``[0, 2^64)``: the
+device computes its id (:func:`ldp_device.sketch.value_id`) and randomizes the id with the attribute's protocol
+(CMS, HCMS: memoryless, each report spends ``eps_first``); only the report leaves the device, and the ledger
+records the number of reports, never the value.
 
 Randomness: every memo key, a group's sampled attribute and fake inputs, and the noise key of every report
 (256 bits each) come from the OS CSPRNG (:func:`secrets.token_bytes`); a device takes no seed and no key source.
@@ -548,10 +554,20 @@ class Device:
         them (kept on the device: the server never learns which reports were clipped)."""
         return self._clipped.get(attribute, 0)
 
+    def value_id(self, attribute: str, value: str | int) -> int:
+        """An open-domain attribute's value as its 64-bit id: a ``str`` (``type = "string"``, the first 8 bytes of
+        its SHA-256) or an integer in ``[0, 2^64)`` (``"u64"``, its own id); :class:`LDPError` otherwise."""
+        a = self.campaign.attribute(attribute)
+        if not a.open_domain:
+            raise LDPError(f"attribute {attribute!r} is not open-domain (type {a.value_type!r})")
+        return a.value_id(value)
+
     def _input(self, attribute: str, value: int | float | str) -> int | float:
-        """One value as the protocol's input: a domain index (categorical) or a float (numeric, counted when it
-        lies outside the range)."""
+        """One value as the protocol's input: a domain index (categorical), a float (numeric, counted when it
+        lies outside the range) or a 64-bit value id (open-domain)."""
         proto = self._own(attribute)
+        if self.campaign.attribute(attribute).open_domain:
+            return self.value_id(attribute, value)  # type: ignore[arg-type]
         if isinstance(proto, NumericMechanism):
             v = self.numeric_value(attribute, value)  # type: ignore[arg-type]
             if proto.clipped(v):
@@ -561,7 +577,8 @@ class Device:
 
     def randomize(self, attribute: str, value: int | float | str) -> bytes:
         """Randomize one value (the report bytes of this device), enforcing and recording the budget: an index or
-        a label, or a number for a numeric attribute (clipped to its range).
+        a label, a number for a numeric attribute (clipped to its range), a string or an integer in ``[0, 2^64)``
+        for an open-domain attribute (``type = "string"`` / ``"u64"``).
 
         A memoizing attribute past its budget randomizes its last reported value instead of ``value``;
         :class:`BudgetExceeded` only on data-independent grounds (nothing memoized, saved or sent)."""
@@ -628,14 +645,14 @@ class Device:
 
     def report(self, attribute: str, value: int | float | str, t: int | None = None) -> dict[str, Any]:
         """The JSON object of one randomized report: ``{campaign, attribute, t, payload}`` (``value``: an index, a
-        label, or the measurement of a numeric attribute)."""
+        label, the measurement of a numeric attribute, or the string / u64 of an open-domain attribute)."""
         self._own(attribute)  # an unknown or grouped attribute fails before anything is spent
         step = check_step(self.current_step() if t is None else t)
         return self._object(attribute, step, self.randomize(attribute, value))
 
     def send(self, attribute: str, value: int | float | str, t: int | None = None) -> dict[str, Any]:
-        """Randomize one report (an index, a label or a measurement), POST it to ``ingest_url``; the endpoint's JSON
-        reply.
+        """Randomize one report (an index, a label, a measurement, or an open-domain string / u64), POST it to
+        ``ingest_url``; the endpoint's JSON reply.
 
         Randomized once: retries send the same bytes with the same ``Idempotency-Key``."""
         if not self.ingest_url:

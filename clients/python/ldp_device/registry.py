@@ -1,6 +1,8 @@
 """``make(name, **params)``: every protocol by its public name, with the reference's keyword checks
 (``estimators/registry.py``); ``make_numeric(name, **params)``: every numeric mechanism
-(``estimators/numeric/__init__.py``)."""
+(``estimators/numeric/__init__.py``); ``make_open(name, **params)``: every open-domain protocol of a
+``type = "string"`` / ``"u64"`` attribute (``estimators/sketch/registry.py``). Adding an open-domain protocol is a
+module (an :class:`ldp_device.sketch.OpenDomainProtocol`) and one line of :data:`OPEN_PROTOCOLS`."""
 from __future__ import annotations
 
 import importlib
@@ -19,21 +21,20 @@ from .numeric import NumericMechanism
 from .subset import SS
 from .unary import LOSUE, LOUE, LSOUE, LSUE, OUE, SUE
 
-__all__ = ["PROTOCOLS", "MECHANISMS", "make", "make_numeric", "from_params", "parameters", "construct", "lookup"]
+__all__ = ["PROTOCOLS", "MECHANISMS", "OPEN_PROTOCOLS", "make", "make_numeric", "make_open", "from_params",
+           "parameters", "construct", "lookup"]
 
 T = TypeVar("T")
 
 PROTOCOLS: dict[str, type[Protocol]] = {c.name: c for c in (
     GRR, SUE, OUE, ADP, LGRR, LSUE, LOUE, LOSUE, LSOUE, LADP, HR, FHR, BLH, OLH, LOLOHA, DBitFlipPM, SS, SHE, THE)}
 
-class _Mechanisms(Mapping):
-    """Name -> class of the numeric mechanisms, each module imported on first use (a device that reports no
-    numeric attribute never loads them: ``import ldp_device`` stays light)."""
+class _Lazy(Mapping):
+    """Name -> class, each module imported on first use (``_WHERE``: name -> (module, class))."""
 
-    _WHERE = {"Laplace": ("laplace", "Laplace"), "Duchi": ("duchi", "Duchi"), "PM": ("piecewise", "PM"),
-              "HM": ("piecewise", "HM"), "SW": ("square_wave", "SW"), "1BitMean": ("onebit", "OneBitMean")}
+    _WHERE: dict[str, tuple[str, str]] = {}
 
-    def __getitem__(self, name: str) -> type[NumericMechanism]:
+    def __getitem__(self, name: str) -> type:
         module, cls = self._WHERE[name]
         return getattr(importlib.import_module(f"{__package__}.{module}"), cls)
 
@@ -44,8 +45,25 @@ class _Mechanisms(Mapping):
         return len(self._WHERE)
 
 
+class _Mechanisms(_Lazy):
+    """Name -> class of the numeric mechanisms, each module imported on first use (a device that reports no
+    numeric attribute never loads them: ``import ldp_device`` stays light)."""
+
+    _WHERE = {"Laplace": ("laplace", "Laplace"), "Duchi": ("duchi", "Duchi"), "PM": ("piecewise", "PM"),
+              "HM": ("piecewise", "HM"), "SW": ("square_wave", "SW"), "1BitMean": ("onebit", "OneBitMean")}
+
+
+class _OpenProtocols(_Lazy):
+    """Name -> class of the open-domain protocols (``estimators.sketch.OPEN_PROTOCOLS``), imported on first use.
+    A new protocol: its module and one line here."""
+
+    _WHERE = {"CMS": ("cms", "CMS"), "HCMS": ("cms", "HCMS")}
+
+
 #: the numeric mechanisms of a ``type = "numeric"`` attribute, by name (``estimators.numeric.MECHANISMS``)
 MECHANISMS: Mapping[str, type[NumericMechanism]] = _Mechanisms()
+#: the open-domain protocols of a ``type = "string"`` / ``"u64"`` attribute, by name
+OPEN_PROTOCOLS: Mapping[str, type[Protocol]] = _OpenProtocols()
 
 
 def lookup(table: dict[str, T], name: str, what: str) -> T:
@@ -98,11 +116,19 @@ def make_numeric(name: str, **params: Any) -> NumericMechanism:
     return construct(lookup(MECHANISMS, name, "numeric mechanism"), name, params)
 
 
+def make_open(name: str, **params: Any) -> Protocol:
+    """Build an open-domain protocol: ``make_open("HCMS", eps=4.0, m=256, k=16, seed=value_id("crash"))``."""
+    return construct(lookup(OPEN_PROTOCOLS, name, "open-domain protocol"), name, params)
+
+
 def from_params(params: dict[str, Any]) -> Protocol:
-    """Inverse of ``proto.params()`` (a protocol's, or a numeric mechanism's: ``{"mechanism": ..., ...}``)."""
+    """Inverse of ``proto.params()`` (a protocol's, a numeric mechanism's: ``{"mechanism": ..., ...}``, or an
+    open-domain protocol's)."""
     p = dict(params)
     if "mechanism" in p and "protocol" not in p:
         return make_numeric(p.pop("mechanism"), **p)
+    if p.get("protocol") in OPEN_PROTOCOLS:
+        return make_open(p.pop("protocol"), **p)
     name = p.pop("protocol")
     p.pop("chosen", None)
     return make(name, **p)

@@ -1,0 +1,134 @@
+// Open-domain attributes (type = "string" / "u64"): the value ids, sketch hashes and every CMS / HCMS case of the
+// randomizer vectors replayed byte for byte, campaign parsing (the reference's validation and seed default), and
+// the device API (a string or a u64 hashed on the device, refusals, the ledger holding no value).
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { bytesToHex, keyTape } from '../src/chacha.js';
+import { Campaign, CampaignError } from '../src/campaign.js';
+import { Device } from '../src/device.js';
+import { BudgetExceeded } from '../src/ledger.js';
+import { OPEN_PROTOCOLS, fromParams, makeOpen } from '../src/registry.js';
+import { rowSeeds, sketchHash, spread, valueId } from '../src/sketch.js';
+import { MemoryStorage } from '../src/storage.js';
+import { base64Decode, decodePayload } from '../src/wire.js';
+import { LDPError } from '../src/util.js';
+import { VECTORS, close } from '../test-support/vectors.js';
+
+const OPEN = VECTORS.open_domain;
+const hex64 = (x) => x.toString(16).padStart(16, '0');
+/** A case's parameters with the exact seed (JSON.parse rounds integers past 2^53: the vectors spell it in hex). */
+const paramsOf = (c) => ({ ...c.params, seed: BigInt(`0x${c.seed_hex}`) });
+const valueOf = (c, step) => (c.type === 'u64' ? BigInt(step.value) : step.value);
+
+test('every open-domain protocol has a vector case, a CMS case draws past its slot', () => {
+  assert.deepEqual([...new Set(OPEN.cases.map((c) => c.params.protocol))].sort(), Object.keys(OPEN_PROTOCOLS).sort());
+  assert.ok(OPEN.cases.some((c) => c.params.protocol === 'CMS' && c.steps.some((s) => s.ext_words > 0)));
+});
+
+test('value ids: SHA-256 of the UTF-8 bytes (non-ASCII included), integers themselves', () => {
+  for (const v of OPEN.value_ids) {
+    const value = v.type === 'u64' ? BigInt(v.value) : v.value;
+    assert.equal(hex64(valueId(value)), v.id, JSON.stringify(v));
+    if (v.utf8 !== undefined) assert.equal(bytesToHex(new TextEncoder().encode(v.value)), v.utf8);
+  }
+  assert.throws(() => valueId(2 ** 53 + 2), LDPError); // an unsafe Number: not exact, refused
+  assert.throws(() => valueId(-1), LDPError);
+  assert.throws(() => valueId(1n << 64n), LDPError);
+  assert.throws(() => valueId('\ud800'), LDPError); // no UTF-8 encoding
+});
+
+test('the public hash family: row seeds, spreads and h_j(id)', () => {
+  for (const h of OPEN.sketch_hash) {
+    const seeds = rowSeeds(BigInt(`0x${h.seed_hex}`), h.rows);
+    assert.deepEqual(seeds.map(hex64), h.row_seeds);
+    assert.deepEqual(seeds.map((s) => hex64(spread(s))), h.spreads);
+    assert.deepEqual(h.ids.map((i) => seeds.map((s) => sketchHash(BigInt(`0x${i}`), s, h.m))), h.hashes);
+  }
+});
+
+for (const c of OPEN.cases) {
+  test(`open-domain ${c.case}: report bytes of every step`, () => {
+    const proto = fromParams(paramsOf(c));
+    c.steps.forEach((step, i) => {
+      const value = valueOf(c, step);
+      assert.equal(hex64(valueId(value)), step.id, `step ${i}: id`);
+      const tape = keyTape(step.keys);
+      assert.equal(bytesToHex(proto.randomizeValue(value, { keys: tape })), step.report, `step ${i} (${step.value})`);
+      assert.equal(tape.left, 0, `step ${i}: the randomizer drew fewer keys than recorded`);
+    });
+  });
+
+  test(`open-domain ${c.case}: parameters, fingerprint, report layout and derived figures`, () => {
+    const proto = fromParams(paramsOf(c));
+    const { seed, ...rest } = proto.params();
+    const { seed: _, ...want } = c.params;
+    assert.deepEqual(rest, want);
+    assert.equal(hex64(seed), c.seed_hex);
+    assert.equal(proto.fingerprint, c.fingerprint);
+    assert.equal(proto.reportDtype, c.report_dtype);
+    assert.deepEqual(proto.reportShape, c.report_shape);
+    assert.equal(proto.reportNbytes, c.steps[0].report.length / 2);
+    const d = c.derived;
+    assert.ok(close(proto.epsFirst, d.eps_first), `eps_first ${proto.epsFirst} vs ${d.eps_first}`);
+    assert.ok(close(proto.epsInf, d.eps_inf));
+    assert.equal(proto.memoSize, d.memo_size);
+    const mine = { T: () => proto.T, q: () => proto.q, support_size: () => proto.supportSize,
+      row_seeds: () => proto.seeds.map(hex64), rejection_limit: () => hex64(proto.limit) };
+    for (const [name, want] of Object.entries(d)) {
+      if (name in mine) assert.deepEqual(mine[name](), want, name); // the protocol's own figures (CMS, HCMS: all)
+    }
+  });
+}
+
+const CAMPAIGN = {
+  campaign: { id: 'open-test' },
+  attributes: [
+    { name: 'crash', type: 'string', protocol: 'HCMS', eps: 4.0, m: 256, k: 16, top: 5, candidates: ['a', 'b', 'c'] },
+    { name: 'pid', type: 'u64', protocol: 'CMS', eps: 1.0, m: 100, k: 4, candidates: [1, (1n << 64n) - 1n] },
+  ],
+};
+
+test('campaign: string / u64 attributes, the seed defaults to the id of the name, the reference\'s refusals', () => {
+  const c = Campaign.fromJSON(CAMPAIGN);
+  const crash = c.attribute('crash');
+  assert.equal(crash.openDomain, true);
+  assert.equal(crash.valueType, 'string');
+  assert.equal(crash.k, 2 * 16 * 256);
+  assert.equal(crash.protocol.seed, valueId('crash'));
+  assert.equal(c.attribute('pid').k, 4 * 101);
+  const bad = (attr, re) => assert.throws(() => Campaign.fromJSON({ ...CAMPAIGN, attributes: [{ ...CAMPAIGN.attributes[0], ...attr }] }),
+    (e) => e instanceof CampaignError && re.test(e.message), re.source);
+  bad({ protocol: 'GRR' }, /needs an open-domain protocol/);
+  bad({ labels: ['x'] }, /has no labels/);
+  bad({ defense: 'itemset' }, /only defense = "none"/);
+  bad({ top: 0 }, /top must be an integer in \[1, 1000\]/);
+  bad({ candidates: ['a', 'a'] }, /listed twice/);
+  bad({ candidates: [3] }, /candidate 3 is not a string/);
+  bad({ m: 100 }, /power of 2/);
+  bad({ range: [0, 1] }, /not range or mechanism/);
+  bad({ type: 'u64', candidates: [2 ** 60] }, /give it as a BigInt/);
+  bad({ seed: 2 ** 60 }, /pass it as a BigInt/);
+  assert.throws(() => makeOpen('TreeHist?', {}), /unknown open-domain protocol/);
+});
+
+test('device: a string or a u64 is hashed on the device, reported, and never stored; other values are refused', () => {
+  const storage = new MemoryStorage();
+  const dev = new Device(CAMPAIGN, storage, { budgetEps: 10.0 });
+  const obj = dev.report('crash', 'NullPointerException in café ☕', 5);
+  assert.deepEqual(Object.keys(obj).sort(), ['attribute', 'campaign', 'payload', 't']);
+  assert.equal(decodePayload(base64Decode(obj.payload), 8).length, 8); // one HCMS report: a uint64
+  dev.report('pid', (1n << 64n) - 1n, 5);
+  dev.report('pid', 12345, 5);
+  for (const [attr, value] of [['crash', 3], ['crash', 3n], ['pid', '3'], ['pid', -1], ['pid', 1n << 64n], ['pid', 2 ** 60],
+    ['pid', true], ['pid', 2.5]]) {
+    assert.throws(() => dev.report(attr, value, 5), (e) => e instanceof LDPError && /takes (strings|integers)/.test(e.message),
+      `${attr} ${String(value)}`);
+  }
+  assert.deepEqual(dev.spentReports, { crash: 1, pid: 2 });
+  assert.ok(close(dev.privacyLoss(), dev.campaign.attribute('crash').protocol.epsFirst + 2 * dev.campaign.attribute('pid').protocol.epsFirst));
+  dev.report('crash', 'again', 5); // 4 + 1 + 1 + 4 <= 10: each report of a memoryless sketch spends its eps
+  assert.throws(() => dev.report('crash', 'once more', 5), BudgetExceeded); // 14 > 10: refused
+  const stored = JSON.stringify([...storage.map.entries()]);
+  assert.ok(stored.includes('spent_reports'));
+  assert.ok(!stored.includes('NullPointer') && !stored.includes('caf'));
+});
