@@ -17,6 +17,7 @@ once and publishes the step.
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import urllib.error
 import urllib.parse
@@ -27,9 +28,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ldpstream_dev.workers import (WorkerProcess, estimate_history, final_estimates, unique_campaign_file,
+from ldpstream_dev.workers import (IngestProcess, WorkerProcess, estimate_history, final_estimates, unique_campaign_file,
                                    wait_for_counts, wait_until)
 from producers.fleet import FleetConfig, publish
+from producers.sdk import Device
 from wire.campaign import Campaign
 from wire.topics import Topics
 
@@ -98,6 +100,40 @@ def test_fleet_top_k_found_every_step_counts_exact(open_worker) -> None:
     with pytest.raises(urllib.error.HTTPError) as err:
         urllib.request.urlopen(f"{w.url}/estimates/{campaign.id}/{name}/query", timeout=5)
     assert err.value.code == 400 and "value" in json.loads(err.value.read())["error"]
+
+
+def test_sdk_devices_send_strings_through_the_ingest(open_worker) -> None:
+    w, path, app_id, boot, redis_url, tmp = open_worker
+    campaign = Campaign.load(path)
+    name = "home_page"
+    proto = campaign.attribute(name).protocol
+    pages = ["https://example.org/", "https://example.org/", "https://news.example/ü", "home_page-0000000"] * 3
+    supports = []
+    with IngestProcess([path], boot, redis_url, topic_prefix=f"{app_id}.", run_dir=tmp) as ingest:
+        ingest.wait_ready(timeout=60)
+        t = None
+        for i, page in enumerate(pages):
+            dev = Device(campaign, tmp / f"dev{i}", budget_eps=50.0, ingest_url=f"{ingest.url}/reports")
+            t = dev.current_step() if t is None else t
+            obj = dev.report(name, page, t=t)
+            assert page.encode() not in json.dumps(obj).encode()  # the string never leaves the device
+            req = urllib.request.Request(f"{ingest.url}/reports", data=json.dumps(obj).encode(),
+                                         headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=10) as r:
+                assert json.loads(r.read()) == {"accepted": 1}
+            supports.append(proto.support(proto.decode(base64.b64decode(obj["payload"]))))
+            dev.close()
+    wait_for_counts(redis_url, campaign.id, {(name, t): (np.sum(supports, axis=0), len(pages))}, timeout=60)
+    url = f"{w.url}/estimates/{campaign.id}/{name}"
+    doc = wait_until(lambda: _try_get(url), lambda d: d is not None and d.get("n") == len(pages), 30.0, "estimate")
+    assert doc["kind"] == "string" and doc["t"] == t and len(doc["candidates"]) == len(campaign.attribute(name).candidates)
+
+
+def _try_get(url: str) -> dict | None:
+    try:
+        return _get(url)
+    except OSError:
+        return None
 
 
 def _get(url: str) -> dict:
