@@ -5,6 +5,7 @@ distinguishing event."""
 from __future__ import annotations
 
 import math
+import warnings
 from decimal import Decimal, localcontext
 
 import numpy as np
@@ -191,3 +192,16 @@ def test_audit_lower_bound_is_tight(cls):
     p = cls(1.0, 64, 4, seed=3)
     lb = audit_lower_bound(p, 1, 2, 40_000, np.random.default_rng(5))
     assert 0.8 * p.eps_first <= lb <= p.eps_first
+
+
+@pytest.mark.parametrize("m", [8, 61, 256])
+def test_cms_support_kernel_equals_its_numpy_twin(m) -> None:
+    from estimators.sketch.cms_kernels import cms_support, np_cms_support
+
+    proto = CMS(1.0, m, 5, 11)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        r = proto.randomize(np.arange(3000, dtype=np.uint64), np.random.default_rng(m))
+    got = cms_support(r, 5, m)
+    assert np.array_equal(got, np_cms_support(r, 5, m)) and got[:, m].sum() == 3000
+    assert got[:, :m].sum() == np.unpackbits(r[:, 2:], axis=1, bitorder="little")[:, :m].sum()

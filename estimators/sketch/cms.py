@@ -52,7 +52,7 @@ from ..base import check_eps
 from ..errors import InvalidReports, LDPError
 from ..randomness import noise_key, rejection_limit, split_threshold
 from .base import OpenDomainProtocol
-from .cms_kernels import ROW_BYTES, cms_randomize, fwht_rows, hcms_randomize
+from .cms_kernels import ROW_BYTES, cms_randomize, cms_support, fwht_rows, hcms_randomize
 from .hashing import row_seeds, sketch_hash, value_id
 
 __all__ = ["CMS", "HCMS", "audit_lower_bound", "flip_threshold"]
@@ -222,16 +222,7 @@ class CMS(_CountMeanSketch):
     def support(self, reports: np.ndarray) -> np.ndarray:
         r = np.asarray(reports)
         self.validate_reports(r)
-        k, m = self.k, self.m
-        out = np.zeros((k, m + 1), dtype=np.int64)
-        rows = self._rows(r)
-        out[:, m] = np.bincount(rows, minlength=k)
-        step = max(1, (1 << 24) // m)
-        for s in range(0, r.shape[0], step):
-            bits = np.unpackbits(r[s:s + step, ROW_BYTES:], axis=1, bitorder="little")[:, :m]
-            i, l = np.nonzero(bits)
-            out[:, :m] += np.bincount(rows[s:s + step][i] * m + l, minlength=k * m).reshape(k, m)
-        return out.reshape(-1)
+        return cms_support(r, self.k, self.m).reshape(-1)
 
     def reports_in(self, support):
         return int(np.asarray(support).reshape(self.k, self.m + 1)[:, self.m].sum())

@@ -28,7 +28,7 @@ from ..randomness import NOISE, NOISE_EXT, bernoulli_refine, bernoulli_top, fill
 from ..reference import Draws, _bernoulli_row, noise_slots
 from .hashing import np_sketch_hash, sketch_hash
 
-__all__ = ["CMS_REFINE_SLOTS", "HCMS_SLOT", "cms_randomize", "cms_slot_words", "fwht_rows", "hcms_randomize",
+__all__ = ["CMS_REFINE_SLOTS", "HCMS_SLOT", "cms_randomize", "cms_slot_words", "cms_support", "np_cms_support", "fwht_rows", "hcms_randomize",
            "np_cms_randomize", "np_fwht_rows", "np_hcms_randomize", "ROW_BYTES"]
 
 _PAR = dict(parallel=False, cache=True, nogil=True)
@@ -205,3 +205,40 @@ def np_fwht_rows(a):
         h *= 2
     return a
 
+
+
+@nb.njit(cache=True, nogil=True)
+def cms_support(reports, k, m):
+    """CMS support ``int64 (k, m + 1)`` of reports ``uint8 (n, 2 + ceil(m/8))``: per row the reports with each bit
+    set, and in column ``m`` the row's reports (:class:`.cms.CMS`); rows must lie in ``[0, k)`` (validated
+    before). One increment per report byte (a histogram of each row's byte values), expanded into bits once."""
+    nbytes = (m + 7) // 8
+    hist = np.zeros((k, nbytes, 256), dtype=np.int64)
+    out = np.zeros((k, m + 1), dtype=np.int64)
+    for i in range(reports.shape[0]):
+        row = np.int64(reports[i, 0]) | (np.int64(reports[i, 1]) << 8)
+        out[row, m] += 1
+        for b in range(nbytes):
+            hist[row, b, reports[i, ROW_BYTES + b]] += 1
+    for j in range(k):
+        for b in range(nbytes):
+            for v in range(1, 256):
+                c = hist[j, b, v]
+                if c:
+                    for bit in range(8):
+                        if (v >> bit) & 1 and 8 * b + bit < m:
+                            out[j, 8 * b + bit] += c
+    return out
+
+
+def np_cms_support(reports: np.ndarray, k: int, m: int) -> np.ndarray:
+    """The numpy twin of :func:`cms_support`: the reports' bits unpacked, summed per row."""
+    r = np.asarray(reports)
+    rows = r[:, 0].astype(np.int64) | (r[:, 1].astype(np.int64) << 8)
+    out = np.zeros((k, m + 1), dtype=np.int64)
+    out[:, m] = np.bincount(rows, minlength=k)
+    step = max(1, (1 << 24) // max(m, 1))
+    for s in range(0, r.shape[0], step):
+        bits = np.unpackbits(r[s:s + step, ROW_BYTES:], axis=1, bitorder="little")[:, :m].astype(np.int64)
+        np.add.at(out[:, :m], rows[s:s + step], bits)
+    return out
