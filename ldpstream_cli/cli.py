@@ -233,8 +233,8 @@ def _sequence(text: Optional[str], name: str) -> Optional[tuple[int, ...]]:
 
 @app.command()
 def audit(protocol: Annotated[Optional[str], typer.Argument(
-              help="Protocol or numeric mechanism (Laplace, Duchi, PM, HM, SW, 1BitMean) to audit; omit for "
-                   "every one.")] = None,
+              help="Protocol, numeric mechanism (Laplace, Duchi, PM, HM, SW, 1BitMean) or open-domain sketch "
+                   "(CMS, HCMS, RAPPOR, PEM; 'sketch' for the four) to audit; omit for every one.")] = None,
           k: K = 8, eps: EPS = 1.0, eps_inf: EPS_INF = 2.0, eps_1: EPS_1 = 1.0,
           g: Annotated[Optional[int], typer.Option(help="LOLOHA hash range.")] = None,
           b: Annotated[Optional[int], typer.Option(help="dBitFlipPM buckets (default k).")] = None,
@@ -272,6 +272,8 @@ def audit(protocol: Annotated[Optional[str], typer.Argument(
     from estimators.numeric import audit as NA
     from estimators.randomness import SimulationWarning
 
+    from . import bench_sketch
+
     warnings.simplefilter("ignore", SimulationWarning)
     console.print(f"audit devices run in the seeded simulation mode (--seed {seed}) so that a run can be "
                   "reproduced; the kernels are those of real devices")
@@ -284,14 +286,19 @@ def audit(protocol: Annotated[Optional[str], typer.Argument(
         fail(LDPError("pass both --seq1 and --seq2, or neither"))
     try:
         numeric: list = []  # numeric mechanisms: (name, mechanism), audited by estimators.numeric.audit
+        sketches: list = []  # open-domain protocols, audited by ldpstream_cli.bench_sketch
         if protocol is None:
             plan = A.plan_audit_cases(k)
             cases = [(name, estimators.make(name, **params)) for name, params in plan.cases]
             skipped = list(plan.skipped)
             numeric = NA.default_numeric_cases()
+            sketches = list(bench_sketch.SKETCHES)
         elif protocol in MECHANISMS and protocol not in estimators.PROTOCOLS:
             cases, skipped = [], []
             numeric = [(protocol, make_numeric(protocol, eps=eps, **({} if gamma is None else {"gamma": gamma})))]
+        elif protocol in bench_sketch.SKETCHES or protocol == "sketch":
+            cases, skipped = [], []
+            sketches = list(bench_sketch.SKETCHES) if protocol == "sketch" else [protocol]
         else:
             cases = [(protocol, build(protocol, k=k, eps=eps, eps_inf=eps_inf, eps_1=eps_1, g=g, b=b, d=d,
                                       calibration=calibration))]
@@ -300,7 +307,7 @@ def audit(protocol: Annotated[Optional[str], typer.Argument(
         for r in rounds:
             jobs, skip = A.plan_round(cases, r, v1=v1, v2=v2, tau=tau, seq1=s1, seq2=s2)
             njobs, nskip = NA.plan_numeric_round(numeric, r, x1=x1, x2=x2)
-            plans[r] = jobs + njobs
+            plans[r] = jobs + njobs + bench_sketch.sketch_audit_jobs(sketches, r, eps=eps, v1=v1, v2=v2, seed=seed)
             skipped += skip + nskip
     except LDPError as exc:
         fail(exc)
@@ -316,7 +323,8 @@ def audit(protocol: Annotated[Optional[str], typer.Argument(
         results = []
         with progress_bar(console) as bar:
             for job in jobs:
-                task = bar.add_task(f"{r} {job.proto!r}"[:60], total=job.reports(trials))
+                task = bar.add_task(f"{r} {getattr(job, 'label', None) or repr(job.proto)}"[:60],
+                                    total=job.reports(trials))
                 try:
                     results.append(job.run(trials=trials, seed=seed, confidence=confidence,
                                            on_progress=lambda done, tot, t=task: bar.update(t, completed=done)))
@@ -356,7 +364,9 @@ def bench_protocols(k: K = 100, n: Annotated[int, typer.Option(help="Reports per
                     eps: EPS = 1.0, eps_inf: EPS_INF = 2.0, eps_1: EPS_1 = 1.0,
                     protocol: Annotated[Optional[list[str]], typer.Option(
                         "--protocol", "-p", help="Protocol or numeric mechanism, e.g. 'OLH', 'PM' (repeatable; 'all' "
-                                                 "for every one, 'numeric' for every numeric mechanism).")] = None,
+                                                 "for every one, 'numeric' for every numeric mechanism); open-domain "
+                                                 "CMS, HCMS, RAPPOR, PEM vs pure-ldp ('sketch' for the four; only "
+                                                 "when named).")] = None,
                     solution: Annotated[Optional[list[str]], typer.Option(
                         "--solution", "-s",
                         help="Multidimensional solution, e.g. 'SPL[GRR]', 'RS+FD[OUE-z]', 'L-SMP[L-OSUE]', "
@@ -366,6 +376,13 @@ def bench_protocols(k: K = 100, n: Annotated[int, typer.Option(help="Reports per
                         "--ks", help="Domain sizes of the solutions' attributes, comma-separated.")] = "2,10,50,200",
                     repeats: Annotated[int, typer.Option(help="Best of this many runs of ours.")] = 5,
                     peer_seconds: Annotated[float, typer.Option(help="Time budget of each peer measurement.")] = 4.0,
+                    sketch_m: Annotated[int, typer.Option(help="Sketches: CMS/HCMS cells m.")] = 1024,
+                    sketch_rows: Annotated[int, typer.Option(help="Sketches: CMS/HCMS rows k.")] = 16,
+                    topk_n: Annotated[int, typer.Option(help="PEM/TreeHist: devices of the top-K over 2^32.")] = 1_000_000,
+                    pem_peer_n: Annotated[int, typer.Option(
+                        help="PEM: devices of the run beside pure-ldp's PEM (0: none; = --topk-n: one run).")] = 100_000,
+                    same_n: Annotated[int, typer.Option(
+                        help="Sketches: reports of the same-report comparison (at most -n).")] = 20_000,
                     seed: SEED = 0, as_json: JSON_FLAG = False, as_csv: CSV_FLAG = False) -> None:
     """reports/s of randomize and support (+estimate), ours vs multi-freq-ldpy, in one run: single-attribute
     protocols (domain size --k), numeric mechanisms (ε = --eps, values on [0, 100]) and multidimensional solutions
@@ -382,12 +399,17 @@ def bench_protocols(k: K = 100, n: Annotated[int, typer.Option(help="Reports per
     except ValueError as exc:
         fail(exc)
 
+    from . import bench_sketch
+
+    sketches = [nm for nm in bench_sketch.SKETCHES if protocol and ("sketch" in protocol or nm in protocol)]
+    if protocol is not None:
+        protocol = [p for p in protocol if p != "sketch" and p not in bench_sketch.SKETCHES]
     have_peer = bench_peer.peer_available()
-    if not have_peer:
+    if not have_peer and not (sketches and not protocol):
         con.print("[yellow]multi-freq-ldpy is not installed (pip install -e '.[bench]'): peer columns empty[/yellow]")
     names, mechanisms = _bench_selection(protocol, solution)
     try:
-        sols = _solution_specs(solution or ([] if protocol else ["default"]))
+        sols = _solution_specs(solution or ([] if protocol or sketches else ["default"]))
     except ValueError as exc:
         fail(exc)
     domains = _sequence(ks, "--ks") or ()
@@ -489,7 +511,19 @@ def bench_protocols(k: K = 100, n: Annotated[int, typer.Option(help="Reports per
             t.add_row(name, _si(r_o), _si(r_p), ratio(name, "rand", r_o, r_p),
                       _si(a_o), _si(a_p), ratio(name, "agg", a_o, a_p))
         out.show(t)
+    sketch_notes: list[str] = []
+    if sketches:
+        with progress_bar(con) as bar:
+            task = bar.add_task("sketches vs pure-ldp", total=None)
+            sketch_tables, sketch_notes = bench_sketch.bench_tables(
+                sketches, n=n, eps=eps, m=sketch_m, rows=sketch_rows, repeats=repeats, peer_seconds=peer_seconds,
+                seed=seed, topk_n=topk_n, pem_peer_n=pem_peer_n or None, same_n=same_n,
+                on_step=lambda what: bar.update(task, description=f"bench {what}"))
+        for t in sketch_tables:
+            out.show(t)
     out.close()
+    for note in sketch_notes:
+        con.print(note)
     for name, _, _, _, step_seconds in num_rows:
         if step_seconds is not None:
             con.print(f"{name}: the published distribution of a step (EMS and its quantiles' bootstrap intervals, "
