@@ -10,7 +10,9 @@ headless Chromium (Debian's ``chromium``), waiting until every chart has data, w
 steps stream, and saving a screenshot; ``ldp top --once`` prints the same figures. The campaign has two
 categorical attributes and two numeric ones (issue 23: a Piecewise Mechanism mean, a Square Wave distribution),
 whose means, half-widths and quantiles are read back through Prometheus, the dashboard's "Numeric metrics" panels
-and the page's numeric charts.
+and the page's numeric charts; and an open-domain one (issue 24: strings nobody listed, an HCMS sketch ranking its
+candidates), whose top-K is read back through Prometheus (one series per rank), the dashboard's "Open domains"
+panels and the page's top-K table.
 
 Skips (loudly, with the reason) only where the Debian packages cannot be installed (not root, no apt-get); a
 failed apt-get install fails the test with apt's output.
@@ -56,7 +58,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CAMPAIGN = ROOT / "tests" / "data" / "e2e.toml"
 DASHBOARD = ROOT / "deploy" / "grafana" / "dashboards" / "ldp-stream.json"
 DATASOURCES = ROOT / "deploy" / "grafana" / "provisioning" / "datasources" / "prometheus.yml"
-DEVICES, STEPS, RATE = 10_000, 5, 25_000.0  # 4 attributes: 200k reports over ~8 s: Prometheus sees the stream flow
+DEVICES, STEPS, RATE = 10_000, 5, 25_000.0  # 5 attributes: 250k reports over ~10 s: Prometheus sees the stream flow
 # Issue 23: numeric attributes beside the campaign's categorical ones (appended to it in the run directory)
 NUMERIC_ATTRIBUTES = """
 [[attributes]]
@@ -75,11 +77,27 @@ eps = 2.0
 d_in = 64
 d_out = 64
 """
+# Issue 24: an open-domain attribute (the fleet's devices hold Zipf strings "crash_signature-0000003"): an HCMS sketch
+# ranks its candidates, 5 of them in each step's top-K
+OPEN_ATTRIBUTES = """
+[[attributes]]
+name = "crash_signature"
+type = "string"
+protocol = "HCMS"
+eps = 4.0
+m = 256
+k = 16
+top = 5
+candidates = ["crash_signature-0000000", "crash_signature-0000001", "crash_signature-0000002",
+              "crash_signature-0000003", "crash_signature-0000004", "crash_signature-0000005", "not-a-crash"]
+"""
+OPEN_TOP = 5
 SCRAPE = 1.0  # seconds between scrapes
 RATE_INTERVAL = "4s"  # Grafana's $__rate_interval: 4 scrape intervals
 WORKER_JOB, INGEST_JOB = "ldp-workers", "ldp-ingest"
 # label names a series of this project may carry (all bounded: no device, token or free text)
 BOUNDED_LABELS = {"campaign", "attribute", "value", "reason", "partition", "trigger", "final", "problem",
+                  "rank", "item",  # an open domain's top-K: one series per rank, its item replaced (not added)
                   "component", "status", "le", "quantile", "percentile", "bound",
                   "version", "python_version", "numpy_version", "numba_version"}  # ldp_build_info: one per build
 
@@ -122,9 +140,10 @@ def pipeline(local_stack, tmp_path_factory, prometheus_bin) -> Iterator[SimpleNa
     run = tmp_path_factory.mktemp("observability")
     info = local_stack.info
     path = unique_campaign_file(CAMPAIGN, run)
-    path.write_text(path.read_text() + NUMERIC_ATTRIBUTES)
+    path.write_text(path.read_text() + NUMERIC_ATTRIBUTES + OPEN_ATTRIBUTES)
     campaign = Campaign.load(path)
-    assert [a.numeric for a in campaign.attributes.values()] == [False, False, True, True]
+    assert [a.numeric for a in campaign.attributes.values()] == [False, False, True, True, False]
+    assert [a.open_domain for a in campaign.attributes.values()] == [False, False, False, False, True]
     app_id = f"obs-{uuid.uuid4().hex[:6]}"
     topics = Topics.with_prefix(f"{app_id}.")
     # per_value_metrics: the dashboard's histogram panels read ldp_estimated_frequency_ratio (off by default)
@@ -199,6 +218,11 @@ def _numeric(c: Campaign, *, distribution: bool = False) -> list[str]:
     return [n for n, a in c.attributes.items() if a.numeric and (a.protocol.is_distribution or not distribution)]
 
 
+def _open(c: Campaign) -> list[str]:
+    """The campaign's open-domain attributes (``type = "string"`` or ``"u64"``: a top-K, no histogram)."""
+    return [n for n, a in c.attributes.items() if a.open_domain]
+
+
 def _eventually(prom: PrometheusServer, expr: str, ok, what: str, timeout: float = 30.0) -> list[dict[str, Any]]:
     """Poll the instant query ``expr`` until ``ok(result)`` (Prometheus sees new values one scrape later)."""
     return wait_until(lambda: prom.query(expr), ok, timeout, what, lambda r: json.dumps(r))
@@ -223,7 +247,18 @@ def test_prometheus_reads_back_the_pipeline_figures(pipeline) -> None:
     for attr, a in c.attributes.items():
         latest = json.loads(_get(f"{pipeline.worker.url}/estimates/{c.id}/{attr}"))
         assert latest["t"] == STEPS - 1 and latest["final"], latest["t"]
-        if a.numeric:
+        if a.open_domain:  # issue 24: the latest top-K, one series per rank (1 = most frequent)
+            assert latest["kind"] == "string" and latest["frequencies"] is None and len(latest["top_k"]) == OPEN_TOP
+            top = _eventually(prom, f'ldp_estimated_top_frequency_ratio{{{sel}, attribute="{attr}"}}',
+                              lambda r: len(r) == OPEN_TOP, f"{OPEN_TOP} top-K series of {attr}")
+            got = {s["metric"]["rank"]: (s["metric"]["item"], s["metric"]["value"], float(s["value"][1])) for s in top}
+            assert sorted(got, key=int) == [str(r) for r in range(1, OPEN_TOP + 1)], sorted(got)
+            want = {str(r): (e["item"], e["value"] or "", e["frequency"]) for r, e in enumerate(latest["top_k"], 1)}
+            assert {r: g[:2] for r, g in got.items()} == {r: w[:2] for r, w in want.items()}, got
+            ranks = [str(r) for r in range(1, OPEN_TOP + 1)]
+            assert [got[r][2] for r in ranks] == pytest.approx([want[r][2] for r in ranks], rel=1e-12)
+            assert {e["value"] for e in latest["top_k"]} <= set(a.candidates)  # a sketch ranks its candidates
+        elif a.numeric:
             got = _eventually(prom, f'{{__name__=~"ldp_estimated_mean|ldp_estimated_mean_ci95_halfwidth", {sel}, '
                               f'attribute="{attr}"}}', lambda r: len(r) == 2, f"the mean of {attr}")
             got = {s["metric"]["__name__"]: float(s["value"][1]) for s in got}
@@ -276,21 +311,26 @@ def test_prometheus_reads_back_the_pipeline_figures(pipeline) -> None:
 
 
 def _grafana_vars(expr: str, campaign: str, attribute: str, range_s: float) -> str:
-    # the numeric panels repeat over $numeric or $distribution: one attribute per repetition, as $attribute's row
+    # the numeric panels repeat over $numeric or $distribution, the open-domain ones over $open: one attribute per
+    # repetition, as $attribute's row
     values = {"campaign": campaign, "attribute": attribute, "numeric": attribute, "distribution": attribute,
+              "open": attribute,
               "__rate_interval": RATE_INTERVAL, "__interval": f"{SCRAPE:g}s", "__range": f"{math.ceil(range_s)}s"}
     return re.sub(r"\$\{?([A-Za-z_]\w*)\}?", lambda m: values[m.group(1)], expr)
 
 
 def _panel_attributes(expr: str, c: Campaign) -> list[str]:
     """The attributes a query is meant to show data for: the numeric ones for $numeric, Square Wave's for
-    $distribution, the categorical ones for the per-value frequencies (a numeric attribute has none), else all."""
+    $distribution, the open-domain ones for $open, the categorical ones for the per-value frequencies (a numeric or
+    open-domain attribute has none), else all."""
+    if "$open" in expr:
+        return _open(c)
     if "$numeric" in expr:
         return _numeric(c)
     if "$distribution" in expr:
         return _numeric(c, distribution=True)
     if "ldp_estimated_frequency_ratio" in expr:
-        return [n for n, a in c.attributes.items() if not a.numeric]
+        return [n for n, a in c.attributes.items() if not a.numeric and not a.open_domain]
     return list(c.attributes)
 
 
@@ -301,10 +341,10 @@ def test_every_grafana_panel_returns_data(pipeline) -> None:
     (datasource,) = yaml.safe_load(DATASOURCES.read_text(encoding="utf-8"))["datasources"]
     panels = [p for top in dashboard["panels"] for p in (top, *top.get("panels", []))]
     # the variables list this run's campaign and exactly its attributes (numeric: those with a mean; distribution:
-    # those with quantiles), their queries run as Grafana would with every attribute selected
+    # those with quantiles; open: those with a top-K), their queries run as Grafana would with every attribute selected
     variables = {v["name"]: v for v in dashboard["templating"]["list"]}
     expected = {"campaign": None, "attribute": list(c.attributes), "numeric": _numeric(c),
-                "distribution": _numeric(c, distribution=True)}
+                "distribution": _numeric(c, distribution=True), "open": _open(c)}
     assert set(variables) == set(expected), sorted(variables)
     for name, want in expected.items():
         assert variables[name]["datasource"]["uid"] == datasource["uid"]
@@ -365,7 +405,8 @@ def test_metric_names_follow_prometheus_conventions(pipeline, service: str) -> N
         assert len(samples) == 1 and (service == "worker") != ("pid" in samples[0][1]), (name, samples)
     ours = {f: v for f, v in families.items() if f.startswith("ldp_")}
     assert len(ours) >= (20 if service == "worker" else 5), sorted(ours)
-    k_max = max(a.k for a in pipeline.campaign.attributes.values())
+    # (an open-domain attribute's k is its sketch's support; its top-K has `top` series)
+    k_max = max(a.k for a in pipeline.campaign.attributes.values() if not a.open_domain)
     for family, (kind, samples) in ours.items():
         assert re.fullmatch(r"ldp_[a-z0-9_]+", family), family
         names = {s for s, _ in samples}
@@ -395,7 +436,11 @@ def test_ldp_top_prints_the_live_figures(pipeline) -> None:
     assert f"{DEVICES * STEPS * len(c.attributes):,}" in text and f"{reason} 1" in text, text
     for attr in c.attributes:
         assert f"{c.id} / {attr}" in text, text
-    assert text.count(f"t={STEPS - 1} final") == len(c.attributes) and text.count("ε∞=2.00") == len(c.attributes)
+    closed = [n for n in c.attributes if n not in _open(c)]  # an open-domain panel: its top items, no privacy row
+    assert text.count(f"t={STEPS - 1} final") == len(c.attributes) and text.count("ε∞=2.00") == len(closed), text
+    for attr in _open(c):
+        latest = json.loads(_get(f"{pipeline.worker.url}/estimates/{c.id}/{attr}"))
+        assert f"1. {latest['top_k'][0]['value']}" in text, text
     assert "consumer lag" in text and "estimate latency" in text and "worst-case longitudinal" in text
     down = subprocess.run([sys.executable, "-m", "ldpstream_cli", "top", "--url", f"http://127.0.0.1:{free_port()}", "--once"],
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
@@ -411,6 +456,14 @@ _CHARTS_JS = """[...document.querySelectorAll('figure.chart')].map(f => ({
   legend: f.querySelector('.legend').textContent, marks: f.querySelectorAll('svg rect, svg path').length,
   bands: f.querySelectorAll('svg .bands > *').length,
   quantileLines: f.querySelectorAll('svg line.quantile').length}))"""
+# the rows of the page's top-K tables: the top-K's, then the candidates'
+_TOP_TABLES_JS = """Object.fromEntries([...document.querySelectorAll('figure[data-chart=topk]')].map(f => [
+  f.dataset.attribute, {
+  top: [...f.querySelectorAll('tbody.top tr')].map(r => ({item: r.dataset.item || null,
+                                                            cells: [...r.cells].map(c => c.textContent)})),
+  candidates: [...f.querySelectorAll('tbody.candidates tr')].filter(r => r.cells.length === 4)
+    .map(r => [...r.cells].map(c => c.textContent)),
+  bars: f.querySelectorAll('tbody svg.ibar').length}]))"""
 
 
 @pytest.fixture(scope="module")
@@ -428,10 +481,19 @@ def test_dashboard_page_in_headless_chromium(pipeline, chromium_bin, tmp_path) -
     last = STEPS + MORE_STEPS - 1
     with HeadlessChromium(width=1440, height=900, run_dir=tmp_path / "chromium") as browser:
         browser.open(f"{pipeline.worker.url}/")
-        browser.wait_for("document.body.dataset.ready === 'true'", 60.0, "every chart has data")
+        try:
+            browser.wait_for("document.body.dataset.ready === 'true'", 60.0, "every chart has data")
+        except TimeoutError as exc:  # which charts are still empty
+            charts = [(x["id"], x["points"], x["data"].get("settled")) for x in browser.evaluate(_CHARTS_JS)]
+            raise AssertionError(f"{exc}; charts (id, points, settled): {charts}; status: "
+                                 f"{browser.evaluate('document.getElementById(`status`).textContent')}") from None
         assert not browser.errors, browser.errors
         before = {x["id"]: x for x in browser.evaluate(_CHARTS_JS)}
-        assert {x["t"] for x in before.values() if x["chart"] in ("histogram", "mean")} == {str(STEPS - 1)}
+        assert {x["t"] for x in before.values() if x["chart"] in ("histogram", "mean", "topk")} == {str(STEPS - 1)}
+        sections = browser.evaluate("Object.fromEntries([...document.querySelectorAll('#attributes section')]"
+                                    ".map(s => [s.dataset.attribute, s.dataset.type]))")
+        assert sections == {n: "string" if a.open_domain else "numeric" if a.numeric else "categorical"
+                            for n, a in c.attributes.items()}, sections
         # live: more steps while the page is open, no reload
         asyncio.run(publish(FleetConfig(c, DEVICES, MORE_STEPS, dataset="syn", p_change=0.25, base="zipf",
                                         batch_size=5_000, seed=13, rate=RATE, first_step=STEPS),
@@ -439,15 +501,18 @@ def test_dashboard_page_in_headless_chromium(pipeline, chromium_bin, tmp_path) -
         browser.wait_for(f"[...document.querySelectorAll('figure[data-chart=histogram]')]"
                          f".every(f => f.dataset.t === '{last}' && f.dataset.previousT === '{last - 1}')",
                          60.0, "the histograms show the new last step next to the previous one")
-        browser.wait_for(f"[...document.querySelectorAll('figure[data-chart=heatmap], figure[data-chart=mean]')]"
+        browser.wait_for(f"[...document.querySelectorAll('figure[data-chart=heatmap], figure[data-chart=mean], "
+                         f"figure[data-chart=topk_time]')]"
                          f".every(f => f.dataset.points === '{STEPS + MORE_STEPS}')", 60.0,
                          "every final in the heatmaps and the means over time")
-        browser.wait_for(f"[...document.querySelectorAll('figure[data-chart=mean], figure[data-chart=distribution]')]"
-                         f".every(f => f.dataset.t === '{last}' && f.dataset.final === 'true')", 30.0,
-                         "the numeric charts show the last step's final")
+        browser.wait_for(f"[...document.querySelectorAll('figure[data-chart=mean], figure[data-chart=distribution], "
+                         f"figure[data-chart=topk]')]"
+                         f".every(f => f.dataset.t === '{last}' && f.dataset.final === 'true')",
+                         30.0, "the numeric charts and the top-K tables show the last step's final")
         browser.wait_for("Math.max(...ops.map(s => s.rps)) > 0 && ops[ops.length - 1].lag === 0", 30.0,
                          "reports/s seen during the stream, the lag drained after it")
         charts = browser.evaluate(_CHARTS_JS)
+        tables = browser.evaluate(_TOP_TABLES_JS)
         shot = browser.screenshot(tmp_path / "dashboard.png")
         assert not browser.errors, browser.errors
     by_attr: dict[str, dict[str, dict]] = {}
@@ -480,8 +545,33 @@ def test_dashboard_page_in_headless_chromium(pipeline, chromium_bin, tmp_path) -
             assert all(f"{q} " in dist["legend"] for q in ("p50", "p90", "p99")) and "[" in dist["legend"], dist
             assert quant["points"] == 3 * finals and quant["bands"] >= 3, quant  # p50, p90, p99 each in its band
             assert all(f"{q} (95% interval)" in quant["legend"] for q in ("p50", "p90", "p99")), quant["legend"]
+    for attr in _open(c):  # issue 24: the latest top-K as a table, its items over time, the privacy chart
+        a, charts_of, table = c.attributes[attr], by_attr[attr], tables[attr]
+        latest = json.loads(_get(f"{pipeline.worker.url}/estimates/{c.id}/{attr}"))
+        assert latest["t"] == last and latest["final"] and len(latest["top_k"]) == OPEN_TOP, latest["t"]
+        assert set(charts_of) == {"topk", "topk_time", "privacy"}, sorted(charts_of)
+        top = charts_of["topk"]
+        assert top["points"] == OPEN_TOP and top["t"] == str(last), top
+        assert json.loads(top["data"]["items"]) == [[e["item"], e["value"], e["frequency"]] for e in latest["top_k"]]
+        # a row per item, most frequent first: its rank, name (the candidate, else the item id), frequency and interval
+        assert [r["item"] for r in table["top"]] == [e["item"] for e in latest["top_k"]], table
+        for rank, (row, e) in enumerate(zip(table["top"], latest["top_k"]), 1):
+            rank_cell, name, freq, interval = row["cells"]
+            assert rank_cell == str(rank) and name == (e["value"] or e["item"]) and freq.endswith("%"), row
+            assert float(freq[:-1]) == pytest.approx(100 * e["frequency"], abs=0.051), (row, e)
+            lo, hi = (float(x.strip(" []%")) for x in interval.split(","))
+            assert [lo, hi] == pytest.approx([100 * e["ci95"][0], 100 * e["ci95"][1]], abs=0.051), (row, e)
+        # the candidates below, in the campaign's order; an interval bar per row
+        assert [r[1] for r in table["candidates"]] == [x["value"] for x in latest["candidates"]] == list(a.candidates)
+        assert table["bars"] == OPEN_TOP + len(a.candidates), table["bars"]
+        over_time = charts_of["topk_time"]
+        assert over_time["points"] == finals and over_time["data"]["items"] == str(OPEN_TOP), over_time
+        assert all(f"{r}. {e['value']}" in over_time["legend"] for r, e in enumerate(latest["top_k"], 1)), over_time
+        assert over_time["points"] > before["toptime-" + f"{c.id}-{attr}".replace(".", "_")]["points"]
+        finite = sum(math.isfinite(a.protocol.longitudinal_bound(s)) for s in range(1, finals + 1))
+        assert charts_of["privacy"]["points"] == 2 * finals + finite, charts_of["privacy"]
     for attr, a in c.attributes.items():
-        if a.numeric:
+        if a.numeric or a.open_domain:
             continue
         hist, heat, priv = (by_attr[attr][k] for k in ("histogram", "heatmap", "privacy"))
         assert hist["points"] == a.k and hist["marks"] >= 2 * a.k, hist  # a bar and a band per value

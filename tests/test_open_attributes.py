@@ -100,3 +100,17 @@ def test_queries_that_cannot_be_answered_say_why(values, t, match) -> None:
         query_args(_campaign(type="u64").attributes["crash"], ["abc"], None)
     with pytest.raises(ValueError, match="only an open-domain"):
         query_args(_campaign().attributes["opt_in"], ["a"], None)
+
+
+def test_campaigns_api_gives_every_attributes_type() -> None:
+    """``GET /campaigns``'s ``type`` of each kind of attribute (the dashboards choose their charts by it)."""
+    from stream_app.api import campaign_doc
+
+    c = Campaign.from_dict({**HEAD, "attributes": [
+        {"name": "crash", "type": "u64", "protocol": "CMS", "eps": 2.0, "m": 16, "k": 2, "candidates": [5]},
+        {"name": "secs", "type": "numeric", "range": [0, 1], "mechanism": "PM", "eps": 1.0},
+        {"name": "opt_in", "k": 2, "protocol": "GRR", "eps": 1.0}]})
+    doc = {a["name"]: a for a in campaign_doc(c)["attributes"]}
+    assert [doc[n]["type"] for n in ("crash", "secs", "opt_in")] == ["u64", "numeric", "categorical"]
+    assert doc["crash"]["candidates"] == ["5"] and doc["crash"]["top"] == 10 and doc["crash"]["domain_size"] is None
+    assert doc["secs"]["range"] == [0.0, 1.0] and doc["secs"]["top"] is None

@@ -256,7 +256,7 @@ def _numeric_attribute(name: str, spec: dict[str, Any], labels: tuple[str, ...],
         proto = NumericProtocol(make_numeric(mech, lo=float(rng[0]), hi=float(rng[1]), **spec))
     except (LDPError, TypeError) as exc:
         raise CampaignError(f"attribute {name!r}: {exc}") from exc
-    return Attribute(name, proto.k, proto)
+    return Attribute(name, proto.k, proto, value_type="numeric")
 
 
 def _open_attribute(name: str, kind: str, spec: dict[str, Any], labels: tuple[str, ...], defense: Any) -> Attribute:

@@ -3,7 +3,9 @@
 // metrics (Prometheus text: reports counted, whose increase between polls is reports/s; rejections, lag) and status.
 // Per attribute: a categorical one (its histogram, heatmap and privacy charts) or a numeric one (type "numeric":
 // its mean over time inside the 95% band, and for Square Wave the latest distribution with the quantiles p50, p90,
-// p99 and their intervals, and the quantiles over time; then its privacy chart).
+// p99 and their intervals, and the quantiles over time; then its privacy chart) or an open-domain one (type "string"
+// or "u64": a table of the latest step's top-K, each item's frequency with its 95% interval drawn, the campaign's
+// candidates below; the frequencies of the current top items over the finals; then its privacy chart).
 // Every chart is a <figure data-chart=... data-attribute=... data-points=N>; <body data-ready="true"> once
 // every chart has data (the browser test waits for it).
 'use strict';
@@ -323,6 +325,116 @@ function quantilesChart(fig, attr, finals, latest) {
             [...series.map(s => [`${s.name} (95% interval)`, s.color]), ...(series.some(s => s.open) ? [['open step', '#9aa5b1']] : [])]);
 }
 
+// ------------------------------------------------------------------ open-domain attributes
+const OPEN_TYPES = ['string', 'u64'];
+const CANDIDATES_SHOWN = 12;
+const pct = x => (known(x) ? (100 * x).toFixed(Math.abs(x) < 0.1 ? 2 : 1) + '%' : '–');
+const itemName = e => (e.value !== null && e.value !== undefined ? e.value : e.item);
+const itemColor = i => PALETTE[i % PALETTE.length];
+
+// a table panel: the figure of panel() with its svg hidden and a <div class="table"> in its place
+function tablePanel(parent, id, title, chart, attribute) {
+  const fig = panel(parent, id, title, chart, attribute);
+  if (!fig.querySelector('.table')) {
+    fig.querySelector('svg').style.display = 'none';
+    fig.insertBefore(htmlEl('div', {class: 'table'}), fig.querySelector('.legend'));
+  }
+  return fig;
+}
+
+// a row's 95% interval as a small bar on the table's common scale: the frequency from 0, its interval over it, the
+// noise floor (the half-width of a value nobody holds) as a dashed line
+function intervalBar(cell, f, ci, sc, floor) {
+  const svg = svgEl('svg', {viewBox: '0 0 120 12', preserveAspectRatio: 'none', class: 'ibar'}, cell);
+  const x = v => 2 + (v - sc.lo) / (sc.hi - sc.lo) * 116;
+  svgEl('line', {x1: x(0), x2: x(0), y1: 0, y2: 12, stroke: '#9aa5b1'}, svg);
+  if (known(f)) svgEl('rect', {x: Math.min(x(0), x(f)), width: Math.max(Math.abs(x(f) - x(0)), 0.8), y: 3, height: 6,
+                                fill: '#2f6fdb', 'fill-opacity': 0.85}, svg);
+  if (ci && known(ci[0]) && known(ci[1])) {
+    svgEl('rect', {x: x(ci[0]), width: Math.max(x(ci[1]) - x(ci[0]), 0.8), y: 1, height: 10, fill: '#f0a04b',
+                   'fill-opacity': 0.35}, svg);
+  }
+  if (known(floor) && floor > 0) {
+    svgEl('line', {x1: x(floor), x2: x(floor), y1: 0, y2: 12, stroke: '#616e7c', 'stroke-dasharray': '2 1.5'}, svg);
+  }
+}
+
+// the latest estimate's top-K (rank, the candidate naming the item or its id, frequency, 95% interval), then the
+// campaign's candidates (in its order) with theirs
+function topTable(fig, attr, latest) {
+  const top = (latest && latest.top_k) || [], cands = (latest && latest.candidates) || [];
+  const box = fig.querySelector('.table');
+  fig.dataset.points = String(top.length);
+  fig.dataset.t = latest && latest.top_k ? String(latest.t) : '';
+  fig.dataset.final = latest && latest.top_k ? String(latest.final) : '';
+  // a sketch ranks only its candidates: none given, an estimate without items (data all the same)
+  fig.dataset.settled = String(!!(latest && Array.isArray(latest.top_k) && !top.length));
+  fig.dataset.items = JSON.stringify(top.map(e => [e.item, e.value, e.frequency]));
+  const floor = latest && latest.ci95_halfwidth;
+  fig.querySelector('.note').textContent = latest && latest.top_k ?
+    `t=${latest.t} ${latest.final ? 'final' : 'open'} · n=${fmt(latest.n)}` + (known(floor) ? ` · noise floor ±${pct(floor)}` : '') :
+    latest ? `t=${latest.t} ${latest.status || ''}` : '';
+  fig.querySelector('.legend').replaceChildren();
+  box.replaceChildren();
+  if (!latest || !latest.top_k) { htmlEl('div', {class: 'empty'}, box, 'waiting for data…'); return; }
+  if (!top.length && !cands.length) {
+    htmlEl('div', {class: 'empty'}, box, 'no item ranked: a sketch ranks its candidates (none given); GET …/query?value= estimates any value');
+    return;
+  }
+  const shown = cands.slice(0, CANDIDATES_SHOWN);
+  const ends = [0, ...[...top, ...shown].flatMap(e => [e.frequency, ...(e.ci95 || [])]), ...(known(floor) ? [floor] : [])].filter(known);
+  const sc = {lo: Math.min(...ends), hi: Math.max(...ends)};
+  if (!(sc.hi > sc.lo)) sc.hi = sc.lo + 1;
+  const table = htmlEl('table', {}, box), head = htmlEl('tr', {}, htmlEl('thead', {}, table));
+  for (const [h, cls] of [['#', 'num'], [attr.type === 'u64' ? 'value / item' : 'value / item id', ''],
+                          ['frequency', 'num'], ['95% interval', '']]) htmlEl('th', {class: cls}, head, h);
+  const row = (body, rank, e, color, named) => {
+    const tr = htmlEl('tr', {}, body);
+    if (e.item) tr.dataset.item = e.item;
+    htmlEl('td', {class: 'num'}, tr, rank);
+    const name = htmlEl('td', {class: 'name'}, tr);
+    if (color) htmlEl('i', {style: `background:${color}`}, name);
+    if (named) htmlEl('span', {title: e.item ? `item ${e.item}` : ''}, name, named);
+    else htmlEl('code', {class: 'item', title: 'no candidate names this item'}, name, e.item);
+    htmlEl('td', {class: 'num'}, tr, pct(e.frequency));
+    const ci = htmlEl('td', {class: 'ci'}, tr);
+    intervalBar(ci, e.frequency, e.ci95, sc, floor);
+    htmlEl('span', {}, ci, e.ci95 ? `[${pct(e.ci95[0])}, ${pct(e.ci95[1])}]` : '');
+  };
+  const body = htmlEl('tbody', {class: 'top'}, table);
+  top.forEach((e, i) => row(body, String(i + 1), e, itemColor(i), e.value));
+  if (cands.length) {
+    const cb = htmlEl('tbody', {class: 'candidates'}, table);
+    htmlEl('th', {colspan: 4}, htmlEl('tr', {class: 'sub'}, cb), `candidates (${cands.length}, the campaign's order)`);
+    const rankOf = new Map(top.map((e, i) => [e.value, i + 1]));
+    shown.forEach(e => row(cb, rankOf.has(e.value) ? `(${rankOf.get(e.value)})` : '', e, null, e.value));
+    if (cands.length > shown.length) htmlEl('td', {colspan: 4, class: 'more'}, htmlEl('tr', {}, cb), `… ${cands.length - shown.length} more`);
+  }
+  legend(fig, [['frequency', '#2f6fdb'], ['95% interval', '#f0a04b'], [`noise floor ±${pct(floor)}`, '#616e7c']]);
+}
+
+// the frequencies of the latest top-K's items over the finals: an item's frequency from a final's top-K, else from
+// its candidates (a named item out of that step's top-K); nothing where a final knows neither
+function topOverTime(fig, attr, finals, latest) {
+  const ok = finals.filter(d => d.top_k);
+  const cur = (latest && latest.top_k && latest.top_k.length ? latest : ok[ok.length - 1]) || null;
+  const items = cur ? cur.top_k : [];
+  const series = items.map((e, i) => ({
+    name: `${i + 1}. ${itemName(e)}`, color: itemColor(i), dash: i >= PALETTE.length ? '4 2' : '',
+    points: ok.map(d => {
+      const hit = d.top_k.find(x => x.item === e.item) ||
+                  (e.value !== null && (d.candidates || []).find(x => x.value === e.value));
+      return hit && known(hit.frequency) ? [d.t, hit.frequency] : null;
+    }).filter(p => p)}));
+  lineChart(fig, series, ok.length ? `finals t${ok[0].t}–t${ok[ok.length - 1].t}` : '',
+            {xfmt: v => 't' + v, yfmt: v => +(100 * v).toFixed(4) + '%'});
+  const drawn = series.some(s => s.points.length);
+  fig.dataset.points = String(drawn ? ok.length : 0);  // one point per final, as the heatmap
+  fig.dataset.settled = String(!!(latest && Array.isArray(latest.top_k) && !items.length));  // nothing ranked (see topTable)
+  fig.dataset.t = ok.length ? String(ok[ok.length - 1].t) : '';
+  fig.dataset.items = String(series.length);
+}
+
 // ------------------------------------------------------------------ /metrics
 function parseMetrics(text) {
   const out = {};
@@ -391,20 +503,26 @@ async function poll() {
         const finals = (hist && hist.estimates || []).filter(d => d.final).sort((p, q) => p.t - q.t);
         histories[campaigns.length > 1 ? `${c.id}/${a.name}` : a.name] = finals;
         const key = `${c.id}-${a.name}`.replace(/[^\w-]/g, '_');
-        const numeric = a.type === 'numeric';
+        const open = OPEN_TYPES.includes(a.type);
+        const numeric = a.type === 'numeric' || (!open && !!a.range);  // range: given for a numeric attribute only
         const dist = numeric && ((a.params && a.params.mechanism === 'SW') || !!(latest && latest.distribution));
         let section = document.getElementById('attr-' + key);
         if (!section) {
-          section = htmlEl('section', {id: 'attr-' + key, 'data-attribute': a.name, 'data-type': numeric ? 'numeric' : 'categorical'}, root);
+          section = htmlEl('section', {id: 'attr-' + key, 'data-attribute': a.name,
+                                       'data-type': numeric ? 'numeric' : open ? a.type : 'categorical'}, root);
           const h = htmlEl('h2', {}, section, `${c.id} / ${a.name}`);
-          const domain = !numeric ? `k=${a.k}` : a.range ? `numeric, range [${Number(a.range[0])}, ${Number(a.range[1])}]` : 'numeric';
+          const domain = open ? `open domain (${a.type}), top ${a.top}` + (a.candidates ? `, ${a.candidates.length} candidates` : '')
+                       : !numeric ? `k=${a.k}` : a.range ? `numeric, range [${Number(a.range[0])}, ${Number(a.range[1])}]` : 'numeric';
           htmlEl('span', {class: 'sub'}, h,
                  `${a.protocol}, ${domain} · ε1=${fmt(a.eps_1, 2)} · ε∞=${fmt(a.eps_inf, 2)} · longitudinal bound ${fmt(a.eps_longitudinal_bound, 2)}`);
-          htmlEl('div', {class: numeric ? (dist ? 'row num dist' : 'row num') : 'row attr'}, section);
+          htmlEl('div', {class: open ? 'row open' : numeric ? (dist ? 'row num dist' : 'row num') : 'row attr'}, section);
         }
         const row = section.querySelector('.row');
         if (dist) row.classList.add('dist');
-        if (numeric) {
+        if (open) {
+          topTable(tablePanel(row, 'top-' + key, 'Top-K, latest step', 'topk', a.name), a, latest);
+          topOverTime(panel(row, 'toptime-' + key, 'Top-K over time (the latest top items, finals)', 'topk_time', a.name), a, finals, latest);
+        } else if (numeric) {
           meanChart(panel(row, 'mean-' + key, 'Mean over time, 95% band', 'mean', a.name), a, finals, latest);
           if (dist) {
             distributionChart(panel(row, 'dist-' + key, 'Latest distribution, quantiles and their 95% intervals', 'distribution', a.name), a, latest);
@@ -420,10 +538,11 @@ async function poll() {
     }
     drawOps(histories);
     const charts = [...document.querySelectorAll('figure.chart')];
-    const ready = !!campaigns && charts.length > 0 && charts.every(f => Number(f.dataset.points) > 0) && ops.length >= 2;
+    const ready = !!campaigns && charts.length > 0 && charts.every(f => Number(f.dataset.points) > 0 || f.dataset.settled === 'true') &&
+      ops.length >= 2;
     document.body.dataset.ready = String(ready);
     status.classList.remove('status-bad');
-    status.textContent = `updated ${clock(Date.now() / 1000)} · frequencies after norm-sub · numeric: mean ± 95% · ${(campaigns || []).length} campaign(s)`;
+    status.textContent = `updated ${clock(Date.now() / 1000)} · frequencies after norm-sub · numeric: mean ± 95% · open domains: top-K · ${(campaigns || []).length} campaign(s)`;
   } catch (err) {
     status.classList.add('status-bad');
     status.textContent = 'error: ' + err;
