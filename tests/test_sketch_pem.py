@@ -1,4 +1,5 @@
-"""PEM heavy hitters (estimators/sketch/pem.py) and its candidate-support kernel (pem_kernels.py)."""
+"""PEM heavy hitters (estimators/sketch/pem.py), its candidate-support and memoized-report kernels (pem_kernels.py) and
+its longitudinal use."""
 from __future__ import annotations
 
 import numpy as np
@@ -6,9 +7,10 @@ import pytest
 
 from estimators.errors import LDPError
 from estimators.kernels import lh_support
+from estimators.memo import MemoState
 from estimators.sketch.hashing import value_ids
 from estimators.sketch.pem import PEM, compare_with_pure_ldp, id_items, zipf_items
-from estimators.sketch.pem_kernels import candidate_support, candidate_support_np
+from estimators.sketch.pem_kernels import candidate_support, candidate_support_np, memo_olh, memo_olh_np
 
 PLANTED = np.array([0xABCDE, 0x12345, 0xFFFFF, 0x00001, 0x80000])
 PLANTED_F = np.array([0.10, 0.08, 0.06, 0.05, 0.04])
@@ -90,3 +92,51 @@ def test_compare_with_pure_ldp_small():
     r = compare_with_pure_ldp(n=20_000, seed=0, bits=16, k=5, start_bits=4, step=4)
     assert r["groups"] == 3
     assert 0.0 <= r["pure_ldp"]["recall"] <= 1.0 and r["ours"]["recall"] >= 0.6
+
+
+# ------------------------------------------------------------------ longitudinal use: memoized reports
+def test_memo_olh_kernel_equals_twin():
+    rng = np.random.default_rng(5)
+    keys = rng.integers(0, 2**32, (3000, 8), dtype=np.uint32)
+    x = rng.integers(0, 2**32, 3000)
+    for g, p in ((56, 0.5), (3, 0.4)):
+        a, b = memo_olh(x, keys, g, p), memo_olh_np(x, keys, g, p)
+        np.testing.assert_array_equal(a[0], b[0])
+        np.testing.assert_array_equal(a[1], b[1])
+
+
+def test_memoized_reports_and_loss():
+    """With a memo state a device's group is fixed by its key and its report of an unchanged value is the same
+    forever (restored keys included); the loss is one ε∞ per distinct memoized prefix; the decoding still finds the
+    planted items (each device reports once)."""
+    n = 50_000
+    pem = PEM(20, 4.0, 5)
+    items = planted(n, 3)
+    st = pem.new_state(n, np.random.default_rng(1))
+    a = pem.randomize(items, state=st)
+    b = pem.randomize(items, np.random.default_rng(9), state=st)
+    restored = MemoState(st.fingerprint, st.keys.copy(), np.zeros_like(st.seen), st.memo_size)
+    for x, y, z, w in zip(a.levels, b.levels, pem.randomize(items, state=restored).levels,
+                          pem.memoized_outputs(items, st).levels):
+        np.testing.assert_array_equal(x, y)
+        np.testing.assert_array_equal(x, z)
+        np.testing.assert_array_equal(x, w)
+    sizes = np.bincount(pem.device_groups(st), minlength=pem.groups)
+    assert sizes.tolist() == [r.shape[0] for r in a.levels] and sizes.min() > 0.18 * n
+    assert st.memoized_count().tolist() == [1] * n
+    acc = PEM(20, 4.0, 5, memo_slots=1 << 16)             # 500 devices: slot collisions have probability 2^-16 each
+    st2 = acc.new_state(500, np.random.default_rng(3))
+    acc.randomize(items[:500], state=st2)
+    acc.randomize(items[:500], state=st2)                 # the same value again: nothing new
+    assert st2.memoized_count().tolist() == [1] * 500
+    acc.randomize(items[:500] ^ (1 << 19), state=st2)     # another top bit: a new prefix at every level
+    assert st2.memoized_count().tolist() == [2] * 500
+    np.testing.assert_allclose(acc.longitudinal_loss(st2.memoized_count()), 2 * acc.eps_inf)
+    assert pem.eps_inf == pytest.approx(4.0)
+    same = pem.randomize(np.full(n, 7), state=pem.new_state(n, np.random.default_rng(2)))
+    assert len(np.unique(np.concatenate([r["seed"] for r in same.levels]))) > 0.99 * n   # devices differ
+    res = pem.decode(a)
+    np.testing.assert_array_equal(np.sort(res.items), np.sort(PLANTED))
+    with pytest.raises(Exception):
+        pem.randomize(items, state=PEM(20, 4.0, 6).new_state(n))     # another configuration's state
+    assert pem.params()["protocol"] == "PEM" and pem.fingerprint != PEM(20, 4.0, 5, memo_slots=8).fingerprint

@@ -17,11 +17,18 @@ hashed, GRR-randomized value per report), so each device spends its whole ε onc
 start_bits) / step)``. This is the paper's numbering (its ``s_0 = ⌈log2 k⌉`` is ``start_bits``, ``η`` is ``step``)
 and pure-ldp's (``start_length + (i + 1) * fragment_length``, ``i`` from 0).
 
-**Server.** Level 1 estimates all ``2^ℓ_1`` prefixes; level ``i > 1`` estimates only the ``K' 2^(ℓ_i - ℓ_{i-1})``
-extensions of level ``i - 1``'s top-``K'`` prefixes (:func:`.pem_kernels.candidate_support`, O(n_i |candidates|),
-never the ``2^ℓ_i`` domain). The last level keeps the top ``K`` full items. A group's estimate
-``f = (C - m qs) / (m (ps - qs))`` over its own ``m`` reports estimates the population frequency because groups are
-a uniform split.
+**Server.** The prefix-tree walk of :mod:`.prefix` (shared with TreeHist): level 1 estimates all ``2^ℓ_1``
+prefixes; level ``i > 1`` estimates only the ``K' 2^(ℓ_i - ℓ_{i-1})`` extensions of level ``i - 1``'s top-``K'``
+prefixes (:func:`.pem_kernels.candidate_support`, O(n_i |candidates|), never the ``2^ℓ_i`` domain). The last
+level keeps the top ``K`` full items. A group's estimate ``f = (C - m qs) / (m (ps - qs))`` over its own ``m``
+reports estimates the population frequency because groups are a uniform split.
+
+**Longitudinal use.** With a :class:`~estimators.memo.MemoState` (:meth:`PEM.new_state`) a device's group is
+fixed for life by a keyed PRF of its memo key, and its OLH report (hash seed and GRR bucket) of its group prefix is
+drawn from the stream ``(key, PRR, prefix)`` (:func:`.pem_kernels.memo_olh`): a value that does not change gives
+the same report forever, the PRR rule of the frequency protocols. The accounting is RAPPOR's (:mod:`.rappor`):
+``memo_slots`` bits per device, the prefix marking one slot; :meth:`PEM.longitudinal_loss` charges ε∞ (OLH's
+ε) per marked slot.
 
 **Intervals.** Each returned item carries ``f ± 1.96 sqrt(Var)`` with OLH's exact variance
 ``Var = γ (1 - γ) / (m (ps - qs)^2)``, ``γ = qs + f (ps - qs)`` (:meth:`estimators.base.PureProtocol.variance_exact`,
@@ -32,7 +39,8 @@ their estimate was large, which biases the smallest of the top ``K`` upward).
 """
 from __future__ import annotations
 
-import math
+import hashlib
+import json
 import time
 import warnings
 from dataclasses import dataclass
@@ -40,12 +48,18 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import InvalidReports, LDPError
+from ..memo import MemoState
+from ..randomness import rejection_limit
 from ..registry import make
-from .pem_kernels import candidate_support
+from .hashing import row_seeds, sketch_hash
+from .pem_kernels import GROUP, candidate_support, memo_olh
+from .treehist_kernels import keyed_choice
+from .prefix import default_start_bits, level_schedule, prefix_walk
 
 Z95 = 1.959963984540054  # two-sided 95 % normal quantile
+MEMO_SEED = 0x50454D  # "PEM": the public seed of the memo-accounting slot hash
 
-__all__ = ["PEM", "PEMReports", "PEMResult", "id_items", "zipf_items", "compare_with_pure_ldp"]
+__all__ = ["PEM", "PEMReports", "PEMResult", "id_items", "zipf_items", "compare_with_pure_ldp", "run_pure_ldp_pem"]
 
 
 def id_items(ids, bits: int) -> np.ndarray:
@@ -91,7 +105,7 @@ class PEM:
     """
 
     def __init__(self, bits: int, eps: float, k: int, step: int = 4, start_bits: int | None = None,
-                 k_prime: int | None = None) -> None:
+                 k_prime: int | None = None, memo_slots: int = 4096) -> None:
         self.bits = _check_bits(bits)
         if int(k) != k or k < 1:
             raise LDPError(f"PEM: k must be a positive integer, got {k}")
@@ -99,19 +113,46 @@ class PEM:
         self.k_prime = self.k if k_prime is None else int(k_prime)
         if self.k_prime < self.k:
             raise LDPError(f"PEM: k_prime = {k_prime} must be at least k = {k}")
-        if int(step) != step or step < 1:
-            raise LDPError(f"PEM: step must be a positive integer, got {step}")
-        self.step = int(step)
-        s0 = max(0, math.ceil(math.log2(self.k_prime))) if start_bits is None else int(start_bits)
-        if not 0 <= s0 < self.bits:
-            raise LDPError(f"PEM: start_bits must lie in [0, bits), got {s0}")
-        self.start_bits = s0
-        g = math.ceil((self.bits - s0) / self.step)
-        self.prefix_bits = tuple(min(self.bits, s0 + i * self.step) for i in range(1, g + 1))
-        if self.prefix_bits[0] > 24:
-            raise LDPError(f"PEM: the first level enumerates 2^{self.prefix_bits[0]} prefixes; lower start_bits + step")
+        s0 = default_start_bits(self.k_prime) if start_bits is None else start_bits
+        self.prefix_bits = level_schedule(self.bits, s0, step, "PEM")
+        self.step, self.start_bits = int(step), int(s0)
         self.eps = float(eps)
         self.oracles = tuple(make("OLH", k=2 ** ell, eps=self.eps) for ell in self.prefix_bits)
+        if int(memo_slots) != memo_slots or memo_slots < 1:
+            raise LDPError(f"PEM: memo_slots must be a positive integer, got {memo_slots}")
+        self.memo_slots = int(memo_slots)
+        self.memo_seed = row_seeds(MEMO_SEED, 1)
+
+    def params(self) -> dict:
+        return {"protocol": "PEM", "bits": self.bits, "eps": self.eps, "k": self.k, "step": self.step,
+                "start_bits": self.start_bits, "k_prime": self.k_prime, "memo_slots": self.memo_slots}
+
+    @property
+    def fingerprint(self) -> str:
+        blob = json.dumps(self.params(), sort_keys=True, separators=(",", ":")).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+    # ---------------------------------------------------------------- longitudinal use
+    @property
+    def eps_inf(self) -> float:
+        """ε of one (memoized) OLH report: every group's OLH has the same ``g`` and ``p``."""
+        return self.oracles[0].eps_first
+
+    @property
+    def memo_size(self) -> int:
+        return self.memo_slots
+
+    def new_state(self, n_devices: int, rng: np.random.Generator | None = None) -> MemoState:
+        return MemoState.fresh(self.fingerprint, n_devices, self.memo_slots, rng)
+
+    def device_groups(self, state: MemoState) -> np.ndarray:
+        """Each device's group for life, ``int64 (n_devices,)``, from its memo key (a keyed PRF, as TreeHist's
+        level)."""
+        return keyed_choice(np.ascontiguousarray(state.keys), GROUP, self.groups, rejection_limit(self.groups))
+
+    def longitudinal_loss(self, memoized):
+        """ε on a device's values after memoizing ``memoized`` distinct prefixes: one ε∞ each (RAPPOR's rule)."""
+        return np.asarray(memoized) * self.eps_inf
 
     @property
     def groups(self) -> int:
@@ -123,17 +164,43 @@ class PEM:
             return np.arange(n, dtype=np.int64) % self.groups
         return np.random.default_rng(rng).integers(0, self.groups, n)
 
-    def randomize(self, items, rng: np.random.Generator | None = None, by_index: bool = False) -> PEMReports:
-        """Every device's report (simulation): group split, then OLH of the group's prefix."""
+    def randomize(self, items, rng: np.random.Generator | None = None, by_index: bool = False,
+                  state: MemoState | None = None) -> PEMReports:
+        """Every device's report: group split, then OLH of the group's prefix. Without ``state`` (simulation) the
+        groups are drawn (or ``by_index``) and every report is fresh; with a memo state a device's group is fixed by
+        its memo key and its report of a prefix is memoized (:func:`.pem_kernels.memo_olh`), marking the prefix in
+        the state's memo slots (the accounting of :meth:`longitudinal_loss`)."""
         v = np.asarray(items, dtype=np.int64)
         if v.ndim != 1 or (v.size and (v.min() < 0 or v.max() >= (1 << self.bits))):
             raise LDPError(f"PEM: items must be a 1-d array of integers in [0, 2^{self.bits})")
+        if state is not None:
+            return self._memoized(v, state, mark=True)
         rng = np.random.default_rng(rng)
         grp = self.assign_groups(v.shape[0], rng, by_index)
         out = []
         for i, (ell, oracle) in enumerate(zip(self.prefix_bits, self.oracles)):
             out.append(oracle.randomize(v[grp == i] >> (self.bits - ell), rng))
         return PEMReports(tuple(out))
+
+    def _memoized(self, v: np.ndarray, state: MemoState, mark: bool) -> PEMReports:
+        state.check(self.fingerprint, v.shape[0])
+        grp = self.device_groups(state)
+        out = []
+        for i, (ell, oracle) in enumerate(zip(self.prefix_bits, self.oracles)):
+            rows = np.flatnonzero(grp == i)
+            x = v[rows] >> (self.bits - ell)
+            seeds, ys = memo_olh(np.ascontiguousarray(x), np.ascontiguousarray(state.keys[rows]), oracle.g, oracle.p)
+            if mark and rows.size:
+                slot = sketch_hash((x.astype(np.uint64) << np.uint64(64 - ell)), self.memo_seed, self.memo_slots)[:, 0]
+                np.bitwise_or.at(state.seen, (rows, slot >> 3), (1 << (slot & 7)).astype(np.uint8))
+            r = np.empty(rows.shape[0], dtype=oracle.report_dtype)
+            r["seed"], r["y"] = seeds, ys
+            out.append(r)
+        return PEMReports(tuple(out))
+
+    def memoized_outputs(self, items, state: MemoState) -> PEMReports:
+        """The devices' memoized reports, without marking anything."""
+        return self._memoized(np.asarray(items, dtype=np.int64), state, mark=False)
 
     def _level_estimates(self, level: int, reports: np.ndarray, cands: np.ndarray) -> tuple[np.ndarray, int]:
         oracle = self.oracles[level]
@@ -152,17 +219,14 @@ class PEM:
         """Level-by-level prefix extension (module docstring); the top-``k`` items, most frequent first."""
         if len(reports.levels) != self.groups:
             raise InvalidReports(f"PEM: {len(reports.levels)} groups of reports, expected {self.groups}")
-        cands = np.arange(1 << self.prefix_bits[0], dtype=np.int64)
         sizes = []
-        for lvl in range(self.groups):
+
+        def level_estimate(lvl: int, cands: np.ndarray) -> np.ndarray:
             f, m = self._level_estimates(lvl, reports.levels[lvl], cands)
             sizes.append(m)
-            keep = self.k if lvl == self.groups - 1 else self.k_prime
-            top = np.argsort(-f, kind="stable")[:keep]
-            if lvl < self.groups - 1:
-                ext = self.prefix_bits[lvl + 1] - self.prefix_bits[lvl]
-                cands = ((cands[top][:, None] << ext) | np.arange(1 << ext, dtype=np.int64)[None, :]).ravel()
-        items, freq = cands[top], f[top]
+            return f
+
+        items, freq = prefix_walk(self.prefix_bits, level_estimate, self.k, self.k_prime)
         var = self.oracles[-1].variance_exact(np.clip(freq, 0.0, 1.0), sizes[-1])
         half = Z95 * np.sqrt(var)
         return PEMResult(items, freq, freq - half, freq + half, tuple(sizes))
@@ -269,22 +333,29 @@ def compare_with_pure_ldp(n: int = 10**6, seed: int = 0, bits: int = 32, eps: fl
            "ours": {"recall": len(ours & truth) / k, "randomize_s": t1 - t0, "decode_s": t2 - t1,
                     "interval_coverage": covered / k}}
     if run_pure_ldp:
-        import random
-
-        PEMClient, PEMServer, LHServer = _pure_ldp_pem_classes()
-        random.seed(seed)
-        np.random.seed(seed)
-        client = PEMClient(epsilon=eps, start_length=start_bits, max_string_length=bits, fragment_length=step)
-        server = PEMServer(epsilon=eps, start_length=start_bits, max_string_length=bits, fragment_length=step,
-                           fo_server=_lazy_lh_server_class(LHServer)(eps, 2, use_olh=True))
-        fmt = f"0{bits}b"
-        t0 = time.perf_counter()
-        priv = [client.privatise(format(int(v), fmt)) for v in items]
-        t1 = time.perf_counter()
-        for p in priv:
-            server.aggregate(p)
-        hh, _ = server.find_heavy_hitters(k=k)
-        t2 = time.perf_counter()
-        theirs = {int(h, 2) for h in hh}
-        out["pure_ldp"] = {"recall": len(theirs & truth) / k, "randomize_s": t1 - t0, "decode_s": t2 - t1}
+        out["pure_ldp"] = run_pure_ldp_pem(items, truth, seed, bits, eps, k, start_bits, step)
     return out
+
+
+def run_pure_ldp_pem(items: np.ndarray, truth: set, seed: int, bits: int, eps: float, k: int, start_bits: int,
+                     step: int) -> dict:
+    """pure-ldp 1.2.0's PEM on ``items`` (seeded with ``seed`` through ``random`` and ``np.random``): its recall of
+    the set ``truth`` among its top-``k`` and its wall times (the peer of every heavy-hitter acceptance run)."""
+    import random
+
+    PEMClient, PEMServer, LHServer = _pure_ldp_pem_classes()
+    random.seed(seed)
+    np.random.seed(seed)
+    client = PEMClient(epsilon=eps, start_length=start_bits, max_string_length=bits, fragment_length=step)
+    server = PEMServer(epsilon=eps, start_length=start_bits, max_string_length=bits, fragment_length=step,
+                       fo_server=_lazy_lh_server_class(LHServer)(eps, 2, use_olh=True))
+    fmt = f"0{bits}b"
+    t0 = time.perf_counter()
+    priv = [client.privatise(format(int(v), fmt)) for v in items]
+    t1 = time.perf_counter()
+    for p in priv:
+        server.aggregate(p)
+    hh, _ = server.find_heavy_hitters(k=k)
+    t2 = time.perf_counter()
+    theirs = {int(h, 2) for h in hh}
+    return {"recall": len(theirs & truth) / k, "randomize_s": t1 - t0, "decode_s": t2 - t1}
