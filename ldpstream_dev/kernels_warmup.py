@@ -16,7 +16,7 @@ import warnings
 
 import numpy as np
 
-__all__ = ["FAMILIES", "NUMERIC_FAMILIES", "partition", "plan", "warm"]
+__all__ = ["FAMILIES", "NUMERIC_FAMILIES", "OPEN_FAMILIES", "partition", "plan", "warm"]
 
 #: Protocols grouped by the kernels they compile, with the CPU seconds a cold compile of the group took
 #: (2026-11-26, the 2-core machine: ``docs/benchmarks.md``). A part compiles whole groups, so two parts never
@@ -39,6 +39,15 @@ FAMILIES: tuple[tuple[float, tuple[str, ...]], ...] = (
 NUMERIC_FAMILIES: tuple[tuple[float, tuple[str, ...]], ...] = (
     (9.7, ("PM", "HM", "k-of-d", "Duchi")),
     (12.1, ("SW", "Laplace", "1BitMean")),
+)
+
+#: The open-domain protocols (:data:`estimators.sketch.registry.OPEN_PROTOCOLS`) and the library's heavy hitters and
+#: RAPPOR, grouped the same way (2026-11-27: CPU seconds of a cold compile, import included), placed after the
+#: numeric mechanisms.
+OPEN_FAMILIES: tuple[tuple[float, tuple[str, ...]], ...] = (
+    (11.8, ("TreeHist",)),
+    (10.4, ("CMS", "HCMS")),
+    (6.5, ("PEM", "RAPPOR")),
 )
 
 #: The parameter sets each protocol is compiled for: a small domain (8-bit reports) and a wide one with a small
@@ -108,12 +117,44 @@ def _numeric(name: str) -> None:
                 proto.estimate_step(proto.support(reports), len(values), rng=np.random.default_rng(0))
 
 
-def plan(parts: int) -> list[tuple[list[str], list[str]]]:
-    """``(protocols, numeric mechanisms)`` of each of ``parts`` parts: the groups of :data:`FAMILIES`, longest first,
-    each to the part with the least weight so far, then those of :data:`NUMERIC_FAMILIES` the same way."""
+def _open(name: str) -> None:
+    """An open-domain protocol as a campaign attribute's protocol (both randomness modes; TreeHist with and without a
+    memo state and an IRR), or the library's PEM decode and RAPPOR's memoized randomizer, support and decoding."""
+    from estimators.warmup import warm_up_protocol
+
+    ids = np.arange(64, dtype=np.uint64)
+    if name == "PEM":
+        from estimators.sketch.pem import PEM
+
+        pem = PEM(16, 2.0, 4, step=4)
+        pem.decode(pem.randomize(np.arange(64) % 100, np.random.default_rng(0)))
+        return
+    if name == "RAPPOR":
+        from estimators.sketch.rappor import RAPPOR
+
+        rappor = RAPPOR(32, 2, 4, 0.5, 0.5, 0.75, seed=1)
+        for rng in (None, np.random.default_rng(0)):
+            support = rappor.support(rappor.randomize(ids, rng, state=rappor.new_state(64, rng=rng)))
+        rappor.estimate(support, ids[:8])
+        return
+    from estimators.sketch.registry import make_open
+
+    options = {"CMS": (dict(m=64, k=4),), "HCMS": (dict(m=64, k=4),),
+               "TreeHist": (dict(rows=4), dict(rows=4, eps_1=1.0))}[name]
+    for extra in options:
+        proto = make_open(name, eps=2.0, seed=1, **extra)
+        for rng in (None, np.random.default_rng(0)):
+            for state in (None, proto.new_state(64, rng=rng)) if proto.memo_size else (None,):
+                warm_up_protocol(proto, proto.randomize(ids, rng, state=state))
+
+
+def plan(parts: int) -> list[tuple[list[str], list[str], list[str]]]:
+    """``(protocols, numeric mechanisms, open-domain protocols)`` of each of ``parts`` parts: the groups of
+    :data:`FAMILIES`, longest first, each to the part with the least weight so far, then those of
+    :data:`NUMERIC_FAMILIES` and :data:`OPEN_FAMILIES` the same way."""
     load = [0.0] * parts
-    out: list[tuple[list[str], list[str]]] = [([], []) for _ in range(parts)]
-    for which, families in ((0, FAMILIES), (1, NUMERIC_FAMILIES)):
+    out: list[tuple[list[str], list[str], list[str]]] = [([], [], []) for _ in range(parts)]
+    for which, families in ((0, FAMILIES), (1, NUMERIC_FAMILIES), (2, OPEN_FAMILIES)):
         for seconds, family in sorted(families, key=lambda f: -f[0]):
             lightest = load.index(min(load))
             load[lightest] += seconds
@@ -123,7 +164,7 @@ def plan(parts: int) -> list[tuple[list[str], list[str]]]:
 
 def partition(parts: int) -> list[list[str]]:
     """The protocols of each of ``parts`` parts (:func:`plan`)."""
-    return [protocols for protocols, _ in plan(parts)]
+    return [protocols for protocols, _, _ in plan(parts)]
 
 
 def warm(part: int = 0, parts: int = 1) -> list[str]:
@@ -131,14 +172,16 @@ def warm(part: int = 0, parts: int = 1) -> list[str]:
     Returns the names warmed."""
     from estimators.randomness import SimulationWarning
 
-    names, numeric = plan(parts)[part]
+    names, numeric, open_domain = plan(parts)[part]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", SimulationWarning)
         for name in names:
             _protocol(name)
         for name in numeric:
             _numeric(name)
-        names = names + numeric
+        for name in open_domain:
+            _open(name)
+        names = names + numeric + open_domain
         if part == 0:
             import estimators
 

@@ -279,7 +279,7 @@ def open_fields(attr: Attribute, counts: Any, n: int) -> dict[str, Any]:
     proto = attr.protocol
     names = attr.candidate_names()
     ids = attr.candidate_ids()
-    top = proto.top_k(counts, n, attr.top, candidates=ids if ids.size else None)
+    top = proto.top_k(counts, n, attr.top, candidates=None if proto.finds_items or not ids.size else ids)
     top_k = [{"item": f"{int(i):016x}", "value": _value_text(attr, names[int(i)]) if int(i) in names else None,
               "frequency": float(f), "ci95": [float(lo), float(hi)]}
              for i, f, lo, hi in zip(top.items, top.freq, top.lo, top.hi)]

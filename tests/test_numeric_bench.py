@@ -68,14 +68,17 @@ def test_pm_randomize_refuses_nan_and_keeps_other_shapes_on_the_unit_path():
 
 
 def test_warmup_compiles_every_numeric_mechanism_once():
+    from estimators.sketch.registry import OPEN_PROTOCOLS
     from ldpstream_dev.kernels_warmup import NUMERIC_FAMILIES, partition, plan
 
     names = [n for _, family in NUMERIC_FAMILIES for n in family]
     assert sorted(names) == sorted([*MECHANISMS, "k-of-d"])
     for parts in (1, 2, 3, 4):
         split = plan(parts)
-        assert sorted(n for _, numeric in split for n in numeric) == sorted(names)
-        assert [protocols for protocols, _ in split] == partition(parts)
+        assert sorted(n for _, numeric, _ in split for n in numeric) == sorted(names)
+        assert [protocols for protocols, _, _ in split] == partition(parts)
+        assert sorted(n for _, _, open_domain in split for n in open_domain) == sorted(
+            [*OPEN_PROTOCOLS, "PEM", "RAPPOR"])
 
 
 def test_bench_protocols_includes_the_numeric_mechanisms():

@@ -337,3 +337,18 @@ def test_audit_lower_bound_is_tight(eps_1):
     th = TreeHist(1.0, bits=16, rows=4, seed=3, eps_1=eps_1)
     lb = audit_lower_bound(th, 1 << 62, 3 << 62, 40_000, np.random.default_rng(5))
     assert 0.8 * th.eps_first <= lb <= th.eps_first
+
+
+def test_a_level_nobody_reported_at_gives_no_items_and_zero_estimates() -> None:
+    """A tiny step may leave a level empty: the walk finds nothing, a candidate's estimate is 0 (no data), no
+    error (the estimator publishes every step)."""
+    proto = TreeHist(4.0, bits=16, step=4, rows=4, seed=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        reports = proto.randomize(np.full(2, 7, dtype=np.uint64), np.random.default_rng(0))
+    support = proto.support(reports)
+    assert (proto.level_reports(support) == 0).any()
+    top = proto.top_k(support, 2, 5)
+    assert top.items.size == 0 and top.freq.size == 0
+    est = proto.estimate(support, 2, np.array([7], dtype=np.uint64))
+    assert est.shape == (1,) and np.isfinite(est).all()

@@ -66,6 +66,8 @@ class OpenDomainProtocol(FrequencyProtocol):
 
     open_domain: ClassVar[bool] = True
     item_bits: ClassVar[int] = 64
+    #: a heavy-hitter protocol: :meth:`top_k` finds the items without candidates (a sketch ranks candidates)
+    finds_items: ClassVar[bool] = False
 
     @property
     def domain_size(self) -> int:

@@ -7,11 +7,12 @@ from typing import Any
 from ..errors import LDPError
 from .base import OpenDomainProtocol
 from .cms import CMS, HCMS
+from .treehist import TreeHist
 
 __all__ = ["OPEN_PROTOCOLS", "make_open"]
 
 #: name -> class of every open-domain protocol a campaign may name
-OPEN_PROTOCOLS: dict[str, type[OpenDomainProtocol]] = {"CMS": CMS, "HCMS": HCMS}
+OPEN_PROTOCOLS: dict[str, type[OpenDomainProtocol]] = {"CMS": CMS, "HCMS": HCMS, "TreeHist": TreeHist}
 
 
 def make_open(name: str, **params: Any) -> OpenDomainProtocol:

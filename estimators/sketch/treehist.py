@@ -125,6 +125,7 @@ class TreeHist(OpenDomainProtocol):
     ``l``'s block starts at ``l (1 + R g)`` with its report count, then its ``R x g`` cells row-major."""
 
     name = "TreeHist"
+    finds_items = True
 
     def __init__(self, eps: float, bits: int = 32, step: int = 3, start_bits: int | None = None, rows: int = 1024,
                  oracle: str = "lh", k_prime: int = 32, seed: int = 0, eps_1: float | None = None,
@@ -331,8 +332,8 @@ class TreeHist(OpenDomainProtocol):
         ``cancel > 0`` the collision bias of the ``cancel`` largest candidates is removed (module doc)."""
         s = self._levels_view(support)[level]
         m = int(s[0])
-        if m <= 0:
-            raise LDPError(f"TreeHist: no reports at level {level}")
+        if m <= 0:  # a level no device reported at (a tiny step): no information, the estimate of no data
+            return np.zeros(len(prefixes))
         cells = np.ascontiguousarray(s[1:].reshape(self.R, self.g), dtype=np.int64)
         seeds = self.seeds[level * self.R:(level + 1) * self.R]
         cands = np.ascontiguousarray(prefixes, dtype=np.uint64)
@@ -375,6 +376,9 @@ class TreeHist(OpenDomainProtocol):
         if int(k) != k or k < 1:
             raise LDPError(f"k must be a positive integer, got {k}")
         self._check(support, n)
+        if np.any(self.level_reports(support) == 0):  # a level nobody reported at: the walk cannot pass it
+            empty = np.zeros(0)
+            return TopK(np.zeros(0, dtype=np.uint64), empty, empty, empty, self.bits)
         k = int(k)
         kp = max(self.k_prime, k)
         cancel = kp if cancel is None else int(cancel)
