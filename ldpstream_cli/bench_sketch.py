@@ -76,11 +76,12 @@ from estimators.sketch import cms as cms_module
 from estimators.sketch.cms import CMS, HCMS
 from estimators.sketch.pem import PEM, compare_with_pure_ldp, zipf_items
 from estimators.sketch.rappor import RAPPOR
+from estimators.sketch.treehist import TreeHist
 
 __all__ = ["SKETCHES", "SketchAuditJob", "bench_rates", "peer_available", "same_reports", "sketch_audit_jobs",
            "topk_decode"]
 
-SKETCHES = ("CMS", "HCMS", "RAPPOR", "PEM")
+SKETCHES = ("CMS", "HCMS", "RAPPOR", "PEM", "TreeHist")
 
 
 # ------------------------------------------------------------------------------ pure-ldp, imported lazily
@@ -529,6 +530,8 @@ class SketchAuditJob:
         if isinstance(p, RAPPOR):
             return {"protocol": "RAPPOR", "m": p.m, "h": p.h, "cohorts": p.cohorts, "f": p.requested[0],
                     "p": p.requested[1], "q": p.requested[2]}
+        if isinstance(p, TreeHist):
+            return {"protocol": "TreeHist", "eps": p.eps, "bits": p.bits, "step": p.step, "rows": p.R, "g": p.g}
         return {"protocol": p.name, "eps": p.eps, "m": p.m, "rows": p.k}
 
     def _hits(self, v: int, trials: int, rng, on_chunk) -> int:
@@ -540,6 +543,8 @@ class SketchAuditJob:
                 state = p.new_state(m, rng=rng)
                 out = p.memoized_outputs(ids, state) if self.round == "prr" else p.randomize(ids, rng, state=state)
                 ev = _rappor_event(p, out, self.v1, self.v2)
+            elif isinstance(p, TreeHist) and self.round == "prr":  # the memoized row and bucket of fresh devices
+                ev = p.audit_event(p.memoized_outputs(ids, p.new_state(m, rng=rng)), self.v1, self.v2)
             else:
                 ev = p.audit_event(p.randomize(ids, rng), self.v1, self.v2)
             count += int(np.count_nonzero(ev))
@@ -566,7 +571,8 @@ class SketchAuditJob:
         p = self.proto
         claim = p.eps_inf if self.round == "prr" else p.eps_first
         event = ("v1's filter bits 1, v2's 0" if isinstance(p, RAPPOR) else
-                 "cell h(v1)=1, h(v2)=0" if isinstance(p, CMS) else "bit = H[h(v1), l] != H[h(v2), l]")
+                 "cell h(v1)=1, h(v2)=0" if isinstance(p, CMS) else
+                 "bucket = h(v1's prefix) != h(v2's)" if isinstance(p, TreeHist) else "bit = H[h(v1), l] != H[h(v2), l]")
         return A.AuditResult(
             protocol=self.name, params=self._params(), v1=self.v1, v2=self.v2, trials=trials, confidence=confidence,
             hits1=c1, hits2=c2, eps_hat=A.eps_point_estimate(c1, c2, trials),
@@ -602,13 +608,14 @@ def sketch_cases(eps: float = 1.0, m: int = 64, rows: int = 16, seed: int = 0, p
     paper's parameters (m=32 here, h=2, 4 cohorts, f=0.5, p=0.5, q=0.75), PEM (ε, 32 bits, levels of 4 bits)."""
     return {"CMS": CMS(eps, m, rows, seed), "HCMS": HCMS(eps, m, rows, seed),
             "RAPPOR": RAPPOR(32, 2, 4, 0.5, 0.5, 0.75, seed=seed, memo_slots=64),
-            "PEM": PEM(pem_bits, eps, 20, step=pem_step, start_bits=pem_start)}
+            "PEM": PEM(pem_bits, eps, 20, step=pem_step, start_bits=pem_start),
+            "TreeHist": TreeHist(eps, bits=32, step=4, rows=rows, seed=seed)}
 
 
 def sketch_audit_jobs(names, round: str, eps: float = 1.0, v1: int = 0, v2: int = 1, seed: int = 0,
                       m: int = 64, rows: int = 16) -> list:
-    """Audit jobs of the named sketches (``SKETCHES``) in ``round`` (first: all; prr: RAPPOR; longitudinal:
-    none — RAPPOR's longitudinal accounting per memoized value is not audited here)."""
+    """Audit jobs of the named sketches (``SKETCHES``) in ``round`` (first: all; prr: RAPPOR and TreeHist, the
+    memoized response alone; longitudinal: none — the accounting per memoized value is not audited here)."""
     bad = [nm for nm in names if nm not in SKETCHES]
     if bad:
         raise LDPError(f"unknown sketch {', '.join(bad)}; one of {', '.join(SKETCHES)}")
@@ -619,10 +626,14 @@ def sketch_audit_jobs(names, round: str, eps: float = 1.0, v1: int = 0, v2: int 
         if round == "prr":
             if nm == "RAPPOR":
                 jobs.append(SketchAuditJob(nm, p, round, v1, v2))
+            elif nm == "TreeHist":
+                jobs.append(SketchAuditJob(nm, p, round, v1, v1 ^ (1 << 63)))
         elif round == "first":
             if nm == "PEM":
                 jobs += [_PEMLevelJob(f"PEM level {i + 1} OLH k=2^{ell}", o, round, v1, v2, i)
                          for i, (ell, o) in enumerate(zip(p.prefix_bits, p.oracles))]
+            elif nm == "TreeHist":  # ids that differ in their top bit: their prefixes differ at every level
+                jobs.append(SketchAuditJob(nm, p, round, v1, v1 ^ (1 << 63)))
             else:
                 jobs.append(SketchAuditJob(nm, p, round, v1, v2))
     return jobs

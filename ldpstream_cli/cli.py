@@ -234,7 +234,7 @@ def _sequence(text: Optional[str], name: str) -> Optional[tuple[int, ...]]:
 @app.command()
 def audit(protocol: Annotated[Optional[str], typer.Argument(
               help="Protocol, numeric mechanism (Laplace, Duchi, PM, HM, SW, 1BitMean) or open-domain sketch "
-                   "(CMS, HCMS, RAPPOR, PEM; 'sketch' for the four) to audit; omit for every one.")] = None,
+                   "(CMS, HCMS, RAPPOR, PEM, TreeHist; 'sketch' for the five) to audit; omit for every one.")] = None,
           k: K = 8, eps: EPS = 1.0, eps_inf: EPS_INF = 2.0, eps_1: EPS_1 = 1.0,
           g: Annotated[Optional[int], typer.Option(help="LOLOHA hash range.")] = None,
           b: Annotated[Optional[int], typer.Option(help="dBitFlipPM buckets (default k).")] = None,
