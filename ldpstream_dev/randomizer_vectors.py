@@ -22,7 +22,9 @@ protocols of :mod:`estimators` and the device ledger of :class:`producers.sdk.De
   ``value_ids`` (strings, non-ASCII included, and integers -> their 64-bit id), ``sketch_hash`` (the public hash
   family: row seeds, spreads and ``h_j(id)`` of a few ids and seeds) and ``cases``: every open-domain protocol
   (:data:`estimators.sketch.OPEN_PROTOCOLS`) at one or more settings, a device over :data:`OPEN_STEPS` (its
-  values, their ids, the keys drawn, the exact report bytes, the words drawn past the noise slot). Every 64-bit
+  values, their ids, the keys drawn, the exact report bytes, the words drawn past the noise slot; a memoizing
+  protocol's device (TreeHist) also its memo key, level, and per step the memo slots marked, its memoized report
+  and memoized input). Every 64-bit
   quantity is written as 16 hex digits (``id``, ``seed_hex``: JSON numbers lose bits past 2^53 in JavaScript).
 
 Keys are drawn from a seeded generator (the labelled simulation mode: reproducible, not private) and recorded,
@@ -480,6 +482,16 @@ OPEN_CASES: list[tuple[str, dict[str, Any], str]] = [
     ("HCMS m=256 k=16", {"protocol": "HCMS", "eps": 4.0, "m": 256, "k": 16}, "string"),
     ("HCMS m=2 k=1 u64", {"protocol": "HCMS", "eps": 0.25, "m": 2, "k": 1, "seed": 0}, "u64"),
     ("HCMS m=4096 k=1000", {"protocol": "HCMS", "eps": 8.0, "m": 4096, "k": 1000, "seed": 123456789}, "string"),
+    # TreeHist: without a memo state (a fresh level and row per report), memoized (the level from the memo key, the
+    # row and first GRR per level prefix), with an IRR (eps_1), string and u64 values
+    ("TreeHist rows=16", {"protocol": "TreeHist", "eps": 4.0, "rows": 16, "memoize": False}, "string"),
+    ("TreeHist rows=16 memoized", {"protocol": "TreeHist", "eps": 4.0, "rows": 16}, "string"),
+    ("TreeHist eps_1 memoized", {"protocol": "TreeHist", "eps": 2.0, "eps_1": 1.0, "rows": 7, "memo_slots": 64},
+     "string"),
+    ("TreeHist eps_1 fresh u64", {"protocol": "TreeHist", "eps": 1.0, "eps_1": 0.5, "bits": 64, "step": 8,
+                                  "rows": 3, "seed": (1 << 64) - 1, "memoize": False}, "u64"),
+    ("TreeHist bits=64 memoized u64", {"protocol": "TreeHist", "eps": 6.0, "bits": 64, "step": 16, "start_bits": 0,
+                                       "rows": 1000, "memo_slots": 100, "seed": 0}, "u64"),
 ]
 
 #: a device's values over the steps of an open-domain case, by type: a repeat, a change, a return, non-ASCII
@@ -534,11 +546,17 @@ def _open_proto(params: dict[str, Any]):
 #: (module, attribute, twin module, twin): every numba kernel an open-domain protocol's randomizer calls, as the
 #: protocol's module imported it (a new protocol adds its lines)
 OPEN_KERNELS = (("estimators.sketch.cms", "cms_randomize", "estimators.sketch.cms_kernels", "np_cms_randomize"),
-                ("estimators.sketch.cms", "hcms_randomize", "estimators.sketch.cms_kernels", "np_hcms_randomize"))
+                ("estimators.sketch.cms", "hcms_randomize", "estimators.sketch.cms_kernels", "np_hcms_randomize"),
+                ("estimators.sketch.treehist_kernels", "treehist_randomize", "estimators.sketch.treehist_kernels",
+                 "np_treehist_randomize"),
+                ("estimators.sketch.treehist_kernels", "keyed_choice", "estimators.sketch.treehist_kernels",
+                 "np_keyed_choice"))
 
 #: the calibrated figures an open-domain case lists in ``derived`` when its protocol has them (64-bit ones in hex)
-_OPEN_DERIVED = ("T", "q", "support_size")
-_OPEN_DERIVED_U64 = (("row_seeds", "seeds"), ("rejection_limit", "limit"))
+_OPEN_DERIVED = ("T", "q", "support_size", "g", "t1", "t2", "prefix_bits")
+_OPEN_DERIVED_U64 = (("row_seeds", "seeds"), ("rejection_limit", "limit"), ("memo_seed", "memo_seed"))
+#: the most row seeds a case lists (TreeHist has L R of them: its ``memo_seed`` and the hash examples suffice)
+_MAX_LISTED_SEEDS = 1000
 
 
 @contextlib.contextmanager
@@ -558,7 +576,7 @@ def open_twins() -> Iterator[None]:
             setattr(m, name, fn)
 
 
-def _open_ext_words(proto, vid: int, keys: list[str]) -> int:
+def _open_ext_words(proto, vid: int, keys: list[str], state=None) -> int:
     """How many words the report drew past its noise slot (the numpy twin's draws, counted)."""
     from estimators import reference
 
@@ -573,56 +591,93 @@ def _open_ext_words(proto, vid: int, keys: list[str]) -> int:
     reference.Draws.__call__ = counting  # type: ignore[method-assign]
     try:
         with open_twins():
-            proto.randomize(np.array([vid], dtype=np.uint64), KeyTape(replay=keys))
+            proto.randomize(np.array([vid], dtype=np.uint64), KeyTape(replay=keys),
+                            **({} if state is None else {"state": _copy_memo(state)}))
     finally:
         reference.Draws.__call__ = original  # type: ignore[method-assign]
     return len(calls)
 
 
-def _open_step(proto, kind: str, value: str | int, tape: KeyTape) -> dict[str, Any]:
+def _copy_memo(state):
+    import dataclasses
+    return dataclasses.replace(state, keys=state.keys.copy(), seen=state.seen.copy())
+
+
+def _open_step(proto, kind: str, value: str | int, tape: KeyTape, state=None) -> dict[str, Any]:
+    """One report; with a memo state (a memoizing protocol's device) also the memo cells marked after it, the
+    device's PRR (``memoized_outputs``: no IRR, nothing marked) and the memoized input (its level prefix id)."""
     from estimators.sketch.hashing import value_id
 
     vid = value_id(value)
-    reports = proto.randomize(np.array([vid], dtype=np.uint64), tape)
+    ids = np.array([vid], dtype=np.uint64)
+    before = None if state is None else _copy_memo(state)
+    reports = proto.randomize(ids, tape, **({} if state is None else {"state": state}))
     keys = list(tape.drawn)
-    return {"value": value if kind == "string" else str(value), "id": _u64(vid), "keys": keys,
-            "report": report_hex(proto, reports), "ext_words": _open_ext_words(proto, vid, keys)}
+    out = {"value": value if kind == "string" else str(value), "id": _u64(vid), "keys": keys,
+           "report": report_hex(proto, reports), "ext_words": _open_ext_words(proto, vid, keys, before)}
+    if state is not None:
+        out["memoized"] = _cells(state.seen[0], proto.memo_size)
+        out["prr"] = report_hex(proto, proto.memoized_outputs(ids, state))
+        if hasattr(proto, "memo_inputs"):
+            out["memo_input"] = _u64(proto.memo_inputs(ids, proto.device_levels(state))[0])
+    return out
+
+
+def _open_memo(params: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+    """The protocol parameters and whether the case's device keeps a memo state (``"memoize": False``: the
+    memoizing protocol run without one, as a simulation does)."""
+    p = dict(params)
+    return p, bool(p.pop("memoize", True))
 
 
 def open_case(name: str, params: dict[str, Any], kind: str, seed: int) -> dict[str, Any]:
     """One device of the open-domain protocol ``params`` (``seed`` defaulted as a campaign does: the id of
-    ``"crash"``) over :data:`OPEN_STEPS` of its type."""
-    p = dict(params)
+    ``"crash"``) over :data:`OPEN_STEPS` of its type; a memoizing protocol's device draws its memo key first
+    (``memo_key``; ``None`` for a memoryless protocol or a case run without a memo state)."""
+    p, memoize = _open_memo(params)
     p.setdefault("seed", _open_name_seed("crash"))
     proto = _open_proto(p)
     tape = KeyTape(seed)
+    state = proto.new_state(1, tape) if memoize and proto.memo_size else None
+    memo_key = tape.drawn[0] if state is not None else None
     steps = []
     for v in OPEN_STEPS[kind]:
         tape.drawn = []
-        steps.append(_open_step(proto, kind, v, tape))
+        steps.append(_open_step(proto, kind, v, tape, state))
     derived_: dict[str, Any] = {"eps_first": float(proto.eps_first), "eps_inf": float(proto.eps_inf),
                                 "memo_size": int(proto.memo_size)}
     for key in _OPEN_DERIVED:
         if hasattr(proto, key):
             v = getattr(proto, key)
-            derived_[key] = float(v) if isinstance(v, (float, np.floating)) else int(v)
+            derived_[key] = [int(x) for x in v] if isinstance(v, (tuple, list)) else \
+                float(v) if isinstance(v, (float, np.floating)) else int(v)
     for key, attr in _OPEN_DERIVED_U64:
         if hasattr(proto, attr):
             v = getattr(proto, attr)
-            derived_[key] = [_u64(x) for x in v] if np.ndim(v) else _u64(v)
-    return {"case": name, "type": kind, "params": proto.params(), "seed_hex": _u64(proto.seed),
-            "fingerprint": proto.fingerprint, "report_dtype": np.dtype(proto.report_dtype).name,
-            "report_shape": list(proto.report_shape), "derived": derived_, "steps": steps}
+            if np.ndim(v) and len(v) > _MAX_LISTED_SEEDS:
+                continue
+            derived_[key] = _u64(v[0]) if key == "memo_seed" else [_u64(x) for x in v] if np.ndim(v) else _u64(v)
+    if state is not None and hasattr(proto, "device_levels"):
+        derived_["level"] = int(proto.device_levels(state)[0])
+    out = {"case": name, "type": kind, "params": proto.params(), "seed_hex": _u64(proto.seed),
+           "fingerprint": proto.fingerprint, "report_dtype": np.dtype(proto.report_dtype).name,
+           "report_shape": list(proto.report_shape), "derived": derived_, "steps": steps}
+    if proto.memo_size:
+        out["memo_key"] = memo_key
+    return out
 
 
 def replay_open(case: dict[str, Any]) -> list[dict[str, Any]]:
     """Run an open-domain case's recorded keys and values through :mod:`estimators.sketch` again: its steps."""
     proto = _open_proto(case["params"])
+    state = None
+    if case.get("memo_key") is not None:
+        state = proto.new_state(1, KeyTape(replay=[case["memo_key"]]))
     steps = []
     for step in case["steps"]:
         tape = KeyTape(replay=step["keys"])
         value = step["value"] if case["type"] == "string" else int(step["value"])
-        steps.append(_open_step(proto, case["type"], value, tape))
+        steps.append(_open_step(proto, case["type"], value, tape, state))
         if tape.left:
             raise AssertionError(f"{case['case']}: the randomizer drew {len(step['keys']) - tape.left} of "
                                  f"{len(step['keys'])} recorded keys")

@@ -25,9 +25,16 @@ leaves the device. CMS and HCMS are memoryless: every report spends a fresh ``ep
 single-shot protocols do, and is refused (:class:`BudgetExceeded`) when it does not fit. The ledger of a
 memoryless attribute holds its number of reports only: no value, no id and no memo state is ever written, so a
 restored state directory never holds the raw strings a device reported (nor their ids, which a dictionary of
-candidate strings would invert). Should a memoizing open-domain protocol come, its last value (what a frozen
-attribute keeps reporting) would be recorded as the 64-bit id the protocol randomized (the ledger's integer),
-never the string: the id is all a frozen report needs.
+candidate strings would invert).
+
+TreeHist memoizes: a memoizing open-domain attribute has a memo state like any memoizing attribute (its 256-bit
+key in the key store, the memo file holding the seen-slot bitset of ``memo_slots`` bits: the memo key and the
+marked slots, nothing else), its level is fixed for life by the key, its row and first GRR are memoized per level
+prefix, so a restarted device reports the same bytes for the same value (without ``eps_1``). Each newly marked
+memo slot costs one ε∞ (``proto.longitudinal_loss``), reserved and frozen as below. Its last value (what a frozen
+attribute keeps reporting) is recorded as the hex of the device's memoized report of it (level, row, first-GRR
+bucket: randomized, ε∞-LDP), never the string nor its id; a frozen report is that memoized report with a fresh
+IRR drawn on top, the bytes ``proto.randomize`` would give for the last value.
 
 State directory (``state_path``)::
 
@@ -265,8 +272,14 @@ class DeviceStateError(LDPError):
     missing, or cannot be read: the device refuses to report what it cannot account for."""
 
 
-def _ledger_number(v: Any) -> int | float:
-    """A count, index or last value of the ledger: an int, or a float (a numeric attribute's last measurement)."""
+def _ledger_number(v: Any, last: bool = False) -> int | float | str:
+    """A count, index or last value of the ledger: an int, a float (a numeric attribute's last measurement) or,
+    for a ``last`` value, a string of hex digits (a memoizing open-domain attribute's memoized report,
+    :func:`_open_last`)."""
+    if isinstance(v, str) and last:
+        if not v or len(v) % 2 or v.strip("0123456789abcdef"):
+            raise ValueError(f"a ledger string is not the hex of a report: {v!r}")
+        return v
     if isinstance(v, float):
         if not math.isfinite(v):
             raise ValueError(f"a ledger number is not finite: {v}")
@@ -298,6 +311,35 @@ def _key_id(st: MemoState | MultiState, with_sampled: bool = False) -> str:
         for arr in (st.fake, st.sampled if with_sampled else None):
             h.update(b"-" if arr is None else np.ascontiguousarray(arr).tobytes())
     return h.hexdigest()[:32]
+
+
+def _open_last(proto: FrequencyProtocol, row: np.ndarray, st: MemoState) -> str:
+    """What the ledger records as the last value of a memoizing open-domain attribute: the hex of the device's
+    memoized report of it (``proto.memoized_outputs``: TreeHist's level, row and first GRR bucket), never the value
+    nor its id. That report is randomized (ε∞-LDP), already what the server sees but for the IRR, and all a frozen
+    report needs: :func:`_open_frozen` draws the IRR on top of it."""
+    return bytes(np.ascontiguousarray(proto.memoized_outputs(row, st)).reshape(-1).view(np.uint8)).hex()
+
+
+def _open_frozen(proto: FrequencyProtocol, last: str) -> np.ndarray:
+    """A frozen report of a memoizing open-domain attribute from its recorded memoized report: the bytes
+    ``proto.randomize`` gives for any value of that memoized input (one noise key drawn; with ``eps_1`` the IRR from
+    words 4 and 5 of its noise slot, rejections from its extension stream, as :mod:`.treehist_kernels`)."""
+    from estimators.randomness import NOISE_EXT, noise_key, rejection_limit
+    from estimators.reference import Draws, noise_slots
+    from estimators.sketch import treehist_kernels as tk
+
+    if proto.name != "TreeHist":  # pragma: no cover - the only memoizing open-domain protocol so far
+        raise LDPError(f"{proto.name}: no frozen report from a memoized one")
+    prr = np.frombuffer(bytes.fromhex(last), dtype=np.uint8).reshape(1, -1).copy()
+    lv, rw, y = proto.unpack(prr)  # InvalidReports (an LDPError) for a corrupt ledger entry
+    nkey = noise_key(None)
+    if proto.t2 < 1 << 53:
+        slot = noise_slots(nkey, 1, tk.SLOT)[0]
+        draws = Draws(nkey, NOISE_EXT, 0, slot, skip=tk.SLOT)
+        y[0], _ = tk._np_grr(int(y[0]), proto.g, slot[4], slot[5], np.uint64(proto.t2),
+                             rejection_limit(proto.g - 1), draws, tk.SLOT)
+    return proto.pack(lv, rw, y)
 
 
 def _count(st: MemoState) -> int:
@@ -646,7 +688,8 @@ class Device:
         path = self._budget_path
         try:
             data = json.loads(path.read_text())
-            out: dict[str, Any] = {key: {str(k): _ledger_number(v) for k, v in data.get(key, {}).items()}
+            out: dict[str, Any] = {key: {str(k): _ledger_number(v, key == "last_values")
+                                         for k, v in data.get(key, {}).items()}
                                    for key in self._LEDGER}
             out["keyed"] = {str(k): str(v) for k, v in data.get("keyed", {}).items()}
             out["retired"] = {str(k): float(v) for k, v in data.get("retired", {}).items()}
@@ -842,8 +885,9 @@ class Device:
         st = self.states[attribute]
         return 0 if st is None else _count(st)
 
-    def last_value(self, attribute: str) -> int | None:
-        """The value the last report of a memoizing attribute randomized (what it freezes on)."""
+    def last_value(self, attribute: str) -> int | float | str | None:
+        """The value the last report of a memoizing attribute randomized (what it freezes on); for a memoizing
+        open-domain attribute (TreeHist) the hex of its memoized report of that value, not the value."""
         self._own(attribute)
         with self._locked():
             self._refresh()
@@ -1031,8 +1075,11 @@ class Device:
         keyed = dict(self.keyed, **{f"a:{attribute}": _key_id(st)})  # in the ledger before the first report leaves
         # 2. the value itself, if it is memoized or may be memoized now
         trial = _copy_state(st)
-        v = row[0].item()  # the value as the ledger records it (an index, or a numeric measurement)
         reports = proto.randomize(row, None, state=trial)
+        opened = self.campaign.attributes[attribute].open_domain
+        # the value as the ledger records it: an index, a numeric measurement, or an open-domain attribute's
+        # memoized report (never the value or its id: _open_last)
+        v = _open_last(proto, row, trial) if opened else row[0].item()
         if _count(trial) == count:  # already memoized: its PRR is reused, nothing spent
             self._save_budget(slots=new_slots, last=dict(self.last_values, **{attribute: v}), keyed=keyed)
             return reports
@@ -1049,6 +1096,10 @@ class Device:
         if last is None:
             raise BudgetExceeded(attribute, reserved, new_cost, self.budget_eps or 0.0,
                                  detail="no recorded last value to freeze on: state from an older SDK")
+        if opened:  # the memoized report of the last value, the IRR drawn on top: nothing memoized
+            reports = _open_frozen(proto, str(last))
+            self._save_budget(slots=new_slots, keyed=keyed)
+            return reports
         trial = _copy_state(st)
         reports = proto.randomize(np.array([last], dtype=row.dtype), None, state=trial)
         if _count(trial) != count:

@@ -292,20 +292,34 @@ def test_open_domain_vectors_replay_byte_for_byte(case):
     assert f"{proto.seed:016x}" == case["seed_hex"] and proto.report_nbytes == len(bytes.fromhex(case["steps"][0]["report"]))
     d = case["derived"]
     mine = {"eps_first": proto.eps_first, "eps_inf": proto.eps_inf, "memo_size": proto.memo_size}
-    for key, attr in (("T", "T"), ("q", "q"), ("support_size", "support_size")):
+    for key, attr in (("T", "T"), ("q", "q"), ("support_size", "support_size"), ("g", "g"), ("t1", "t1"),
+                      ("t2", "t2")):
         if key in d:
             mine[key] = getattr(proto, attr)
     if "row_seeds" in d:
         mine["row_seeds"] = [f"{s:016x}" for s in proto.seeds]
     if "rejection_limit" in d:
         mine["rejection_limit"] = f"{proto.limit:016x}"
+    if "prefix_bits" in d:
+        mine["prefix_bits"] = list(proto.prefix_bits)
+    if "memo_seed" in d:
+        mine["memo_seed"] = f"{proto.memo_seed:016x}"
+    state = None
+    if case.get("memo_key") is not None:  # a memoizing protocol's device (TreeHist): its memo key, then its reports
+        state = proto.new_state(key_tape([case["memo_key"]]))
+        mine["level"] = proto.device_level(state)
     assert mine == d
     for step in case["steps"]:
         value = step["value"] if case["type"] == "string" else int(step["value"])
         assert f"{value_id(value):016x}" == step["id"]
         tape = key_tape(step["keys"])
-        assert proto.randomize_value(value, tape).hex() == step["report"], (case["case"], step)
+        got = proto.randomize_value(value, tape, state) if state is not None else proto.randomize_value(value, tape)
+        assert got.hex() == step["report"], (case["case"], step)
         assert tape.left() == 0
+        if state is not None:
+            assert state.cells() == step["memoized"]
+            assert proto.memoized_output(value_id(value), state).hex() == step["prr"]
+            assert f"{proto.memo_input(value_id(value), state):016x}" == step["memo_input"]
 
 
 OPEN_CAMPAIGN = """
@@ -359,6 +373,117 @@ def test_open_domain_attributes_report_strings_and_u64(tmp_path):
         assert (got.attribute, got.t, len(got.reports)) == (obj["attribute"], 5, 1)
     stored = b"".join(p.read_bytes() for p in (tmp_path / "dev").rglob("*") if p.is_file())
     assert b"NullPointer" not in stored and b"caf" not in stored
+
+
+TREEHIST_CAMPAIGN = """
+[campaign]
+id = "treehist-test"
+[[attributes]]
+name = "url"
+type = "string"
+protocol = "TreeHist"
+eps = 2.0
+rows = 16
+memo_slots = 64
+[[attributes]]
+name = "pid"
+type = "u64"
+protocol = "TreeHist"
+eps = 2.0
+eps_1 = 1.0
+bits = 64
+step = 16
+start_bits = 0
+rows = 8
+"""
+
+
+def test_treehist_attributes_memoize_persist_freeze_and_store_no_value(tmp_path):
+    """TreeHist: the campaign is the reference's (defaults, seed = id of the name, fingerprint), a restarted device
+    reports the same bytes for the same value, each new memo slot costs one eps_inf, a full budget freezes on the
+    last value's memoized report (drawn again with a fresh IRR: from_memoized is randomize's bytes), and neither the
+    strings nor their ids are stored."""
+    import tomllib
+
+    from ldp_device.sketch import value_id
+    from wire.campaign import Campaign as Reference
+
+    light, ref = Campaign.loads(TREEHIST_CAMPAIGN), Reference.from_dict(tomllib.loads(TREEHIST_CAMPAIGN))
+    assert light.fingerprint == ref.fingerprint
+    for name in ("url", "pid"):
+        a, r = light.attribute(name), ref.attribute(name)
+        assert (a.k, a.value_type, a.protocol.params()) == (r.k, r.value_type, r.protocol.params())
+    url = light.attribute("url").protocol
+    assert url.seed == value_id("url") and url.memo_size == 64 and url.longitudinal_loss(3) == 3 * url.eps_inf
+    vals = ["https://example.com/a?q=café", "https://example.com/b", "https://other.org/", "p", "q", "r", "s"]
+    with Device(light, tmp_path / "dev", budget_eps=None) as dev:
+        first = dev.randomize("url", vals[0])
+        assert len(first) == 5 and dev.randomize("url", vals[0]) == first
+        assert dev.memoized_count("url") == 1 and dev.privacy_loss("url") == pytest.approx(url.eps_inf)
+        dev.randomize("pid", (1 << 64) - 1)
+    with Device(light, tmp_path / "dev", budget_eps=None) as dev:  # restarted: the memo key and slots restored
+        assert dev.randomize("url", vals[0]) == first and dev.memoized_count("url") == 1
+    stored = b"".join(p.read_bytes() for p in (tmp_path / "dev").rglob("*") if p.is_file())
+    vid = value_id(vals[0])
+    assert vals[0].encode() not in stored and str(vid).encode() not in stored and f"{vid:016x}".encode() not in stored
+    assert str((1 << 64) - 1).encode() not in stored
+    with Device(light, tmp_path / "budget", budget_eps=2 * url.eps_inf + 1e-9) as dev:
+        reps = []
+        for v in vals:
+            reps.append(dev.randomize("url", v))
+            if dev.memoized_count("url") == 2 and dev.frozen("url") and len(reps) > 2 and reps[-1] == reps[-2]:
+                break  # frozen: a new prefix got the last value's memoized report
+        else:
+            pytest.fail("no report froze")
+        assert dev.memoized_count("url") == 2 and dev.privacy_loss() <= dev.reserved_loss() <= 2 * url.eps_inf + 1e-9
+        with pytest.raises(BudgetExceeded):
+            dev.randomize("pid", 5)
+    pid = light.attribute("pid").protocol
+    st = pid.new_state()
+    for v in (0, 1, (1 << 64) - 1, 1 << 63) * 5:  # the frozen draw is randomize's, byte for byte
+        keys = [os.urandom(32).hex()]
+        want = pid.randomize(v, key_tape(keys), st.copy())
+        assert pid.from_memoized(pid.memoized_output(v, st), key_tape(keys)) == want
+
+
+@pytest.mark.parametrize("eps_1", [None, 0.5])
+def test_treehist_rejection_redraws_are_the_references(eps_1):
+    """TreeHist's redraws (level, row and other-bucket rejections, the level's word-7 fallback, PRR words past the
+    first block, the noise extension stream): with the rejection limits lowered to 2^62 in both implementations
+    (three draws in four rejected), the light client's bytes are the reference kernels' and its numpy twin's."""
+    import numpy as np
+
+    from estimators.sketch import treehist_kernels as tk
+    from estimators.sketch.treehist import TreeHist as Reference
+    from ldp_device.base import MemoState
+    from ldp_device.treehist import TreeHist
+    from ldpstream_dev.randomizer_vectors import KeyTape
+
+    params = {"eps": 1.0, "bits": 64, "step": 5, "rows": 3, "seed": 99, "eps_1": eps_1, "memo_slots": 50}
+    limit = 1 << 62
+    rng = np.random.default_rng(12)
+    ids = [int(x) for x in rng.integers(0, (1 << 64) - 1, size=40, dtype=np.uint64, endpoint=True)]
+    keys = [bytes(rng.integers(0, 256, 32, dtype=np.uint8)).hex() for _ in ids]
+    memo_key = bytes(rng.integers(0, 256, 32, dtype=np.uint8)).hex()
+    light = TreeHist(**params)
+    light.lim_L = light.lim_R = light.lim_g = limit
+    ref = Reference(**params)
+    ref._limits = tuple(np.uint64(limit) for _ in range(3))
+    lst = MemoState(light.fingerprint, bytes.fromhex(memo_key), light.memo_size)
+    for twin in (False, True):
+        st = ref.new_state(1, KeyTape(replay=[memo_key]))
+        saved = tk.treehist_randomize, tk.keyed_choice
+        if twin:
+            tk.treehist_randomize, tk.keyed_choice = tk.np_treehist_randomize, tk.np_keyed_choice
+        try:
+            for i, k in zip(ids, keys):
+                row = np.array([i], dtype=np.uint64)
+                assert ref.randomize(row, KeyTape(replay=[k]))[0].tobytes() == light.randomize(i, key_tape([k]))
+                want = ref.randomize(row, KeyTape(replay=[k]), state=st)[0].tobytes()
+                assert want == light.randomize(i, key_tape([k]), lst if not twin else lst.copy())
+        finally:
+            tk.treehist_randomize, tk.keyed_choice = saved
+    assert np.flatnonzero(np.unpackbits(st.seen[0], bitorder="little")[:50]).tolist() == lst.cells()
 
 
 # ---------------------------------------------------------------------------- campaigns
@@ -463,9 +588,12 @@ def test_the_budget_plan_is_logged_at_construction(tmp_path, caplog):
     assert plan in caplog.text
     assert "app_version (L-OSUE): its first memoized value reserves 2, each further one 2; alone in the budget it " \
            "could memoize 5 of its 100 possible inputs" in plan
-    assert "memoize app_version 2, crash_minute 2, opt_in 1 value(s) (5 reports reserve 10)" in plan
-    for attr, value in (("app_version", 1), ("crash_minute", 2), ("opt_in", 0), ("app_version", 3),
-                        ("crash_minute", 4)):
+    # the demo's crash_signature (TreeHist, ε = 4) memoizes too: one slot of ε∞ ≈ 4 per new level prefix
+    assert "crash_signature (TreeHist): its first memoized value reserves 4, each further one 4; alone in the " \
+           "budget it could memoize 2 of its 4096 possible inputs" in plan
+    assert "memoize app_version 1, crash_minute 1, opt_in 1, crash_signature 1 value(s) (4 reports reserve 10)" in plan
+    for attr, value in (("app_version", 1), ("crash_minute", 2), ("opt_in", 0),
+                        ("crash_signature", "NullPointerException@Foo.java:42")):
         dev.report(attr, value, t=1)
     assert dev.reserved_loss() == pytest.approx(10.0) and dev.remaining_budget() == pytest.approx(0.0, abs=1e-6)
     dev.close()
@@ -489,8 +617,8 @@ def test_state_survives_a_restart(tmp_path):
         group_state = json.loads((state / "device.group.json").read_text())
     assert stat.S_IMODE(os.stat(state).st_mode) == 0o700
     files = sorted(p.name for p in state.iterdir())
-    assert files == [".lock", "app_version.memo.json", "budget.json", "crash_minute.memo.json", "device.group.json",
-                     "device.json", "opt_in.memo.json"]
+    assert files == [".lock", "app_version.memo.json", "budget.json", "crash_minute.memo.json",
+                     "crash_signature.memo.json", "device.group.json", "device.json", "opt_in.memo.json"]
     assert all(stat.S_IMODE(os.stat(state / f).st_mode) == 0o600 for f in files)
     with Device(campaign, state, budget_eps=20.0) as again:
         st2 = again.ledger.states["app_version"]

@@ -200,3 +200,51 @@ def _send_through_ingest(local_stack, tmp_path, node, source: Path, attr: str, v
                 keys.add(json.loads(memo.read_text())["key"])
         assert len(keys) == (DEVICES if proto.memo_size else 0)  # every device its own 256-bit memo key
         wait_for_counts(redis_url, campaign.id, {(attr, t): (support, DEVICES)}, timeout=30)
+
+
+_TREEHIST_REJECT_SCRIPT = """
+import { TreeHist, MemoState, keyTape, hexToBytes, bytesToHex } from './src/index.js';
+const [params, limit, memoKey, ids, keys] = JSON.parse(process.argv[1]);
+const out = [];
+for (const memo of [false, true]) {
+  const p = new TreeHist({ ...params, seed: BigInt(params.seed) });
+  p.limL = p.limR = p.limG = BigInt(limit);
+  const st = memo ? new MemoState(p.fingerprint, hexToBytes(memoKey), p.memoSize) : null;
+  out.push(ids.map((id, i) => bytesToHex(p.randomize(BigInt(id), { keys: keyTape([keys[i]]), state: st }))));
+  if (memo) out.push(st.cells());
+}
+console.log(JSON.stringify(out));
+"""
+
+
+@pytest.mark.parametrize("eps_1", [None, 0.5])
+def test_node_treehist_rejection_redraws_are_the_references(node, eps_1):
+    """TreeHist's redraws (level, row and other-bucket rejections, the level's word-7 fallback, PRR words past the
+    first block, the noise extension stream): with the rejection limits lowered to 2^62 in both implementations
+    (three draws in four rejected), the Node client's bytes are the reference kernels'."""
+    from estimators.randomness import SimulationWarning
+    from estimators.sketch.treehist import TreeHist
+    from ldpstream_dev.randomizer_vectors import KeyTape
+
+    params = {"eps": 1.0, "bits": 64, "step": 5, "rows": 3, "seed": 99, "eps_1": eps_1, "memo_slots": 50}
+    limit = 1 << 62
+    rng = np.random.default_rng(11)
+    ids = [int(x) for x in rng.integers(0, (1 << 64) - 1, size=40, dtype=np.uint64, endpoint=True)]
+    keys = [bytes(rng.integers(0, 256, 32, dtype=np.uint8)).hex() for _ in ids]
+    memo_key = bytes(rng.integers(0, 256, 32, dtype=np.uint8)).hex()
+    proc = subprocess.run([node, "--input-type=module", "-e", _TREEHIST_REJECT_SCRIPT,
+                           json.dumps([{**params, "seed": str(params["seed"])}, str(limit), memo_key, [str(i) for i in ids],
+                                       keys])], cwd=JS, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    fresh, memo, cells = json.loads(proc.stdout)
+    ref = TreeHist(**params)
+    ref._limits = tuple(np.uint64(limit) for _ in range(3))
+    with __import__("warnings").catch_warnings():
+        __import__("warnings").simplefilter("ignore", SimulationWarning)
+        st = ref.new_state(1, KeyTape(replay=[memo_key]))
+        want_fresh = [ref.randomize(np.array([i], dtype=np.uint64), KeyTape(replay=[k]))[0].tobytes().hex()
+                      for i, k in zip(ids, keys)]
+        want_memo = [ref.randomize(np.array([i], dtype=np.uint64), KeyTape(replay=[k]), state=st)[0].tobytes().hex()
+                     for i, k in zip(ids, keys)]
+    assert fresh == want_fresh and memo == want_memo
+    assert cells == np.flatnonzero(np.unpackbits(st.seen[0], bitorder="little")[:ref.memo_slots]).tolist()

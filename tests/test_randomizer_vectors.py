@@ -244,6 +244,30 @@ def test_every_open_domain_protocol_has_vectors():
     assert {c["type"] for c in cases} == {"string", "u64"}
     assert any(s["ext_words"] for c in cases if c["params"]["protocol"] == "CMS" for s in c["steps"])
     assert any(ord(ch) > 127 for v in VECTORS["open_domain"]["value_ids"] for ch in v["value"])
+    th = [c for c in cases if c["params"]["protocol"] == "TreeHist"]
+    # memoized and not, with and without an IRR, string and u64
+    assert {(c["memo_key"] is not None, c["params"]["eps_1"] is not None) for c in th} == \
+        {(True, True), (True, False), (False, True), (False, False)}
+    assert {c["type"] for c in th} == {"string", "u64"}
+
+
+def test_treehist_memoized_vectors_repeat_per_prefix_and_mark_one_slot_per_new_prefix():
+    """A memoized TreeHist device without an IRR reports the same bytes for the same level prefix (its PRR), and a
+    new memo slot is marked exactly when a prefix it has not memoized arrives (the loss: one eps_inf per slot)."""
+    for case in VECTORS["open_domain"]["cases"]:
+        if case["params"]["protocol"] != "TreeHist" or case["memo_key"] is None:
+            continue
+        seen: dict[str, str] = {}
+        cells: list[int] = []
+        for step in case["steps"]:
+            if case["params"]["eps_1"] is None:
+                assert step["report"] == step["prr"]
+            assert step["report"][:2] == f"{case['derived']['level']:02x}"
+            if step["memo_input"] in seen:
+                assert step["prr"] == seen[step["memo_input"]] and step["memoized"] == cells
+            seen[step["memo_input"]] = step["prr"]
+            assert set(cells) <= set(step["memoized"]) and len(step["memoized"]) - len(cells) <= 1
+            cells = step["memoized"]
 
 
 def test_value_ids_and_sketch_hashes():
@@ -276,7 +300,13 @@ def test_every_open_domain_randomizing_kernel_has_its_twin_in_the_replay():
     for module in {cls.__module__ for cls in OPEN_PROTOCOLS.values()}:
         found |= {(module, n) for n, f in vars(sys.modules[module]).items()
                   if isinstance(f, CPUDispatcher) and "randomize" in n}
-    assert found == listed
+        # kernels called through a kernel module the protocol's module imports (TreeHist: ``tk.treehist_randomize``)
+        for sub in vars(sys.modules[module]).values():
+            if isinstance(sub, type(sys)) and sub.__name__.startswith("estimators.sketch."):
+                found |= {(sub.__name__, n) for n, f in vars(sub).items()
+                          if isinstance(f, CPUDispatcher) and "randomize" in n}
+    assert found <= listed
+    assert ("estimators.sketch.treehist_kernels", "keyed_choice") in listed  # a TreeHist device's level
     with rv.open_twins():
         assert not any(isinstance(getattr(importlib.import_module(m), a), CPUDispatcher) for m, a in listed)
 

@@ -85,8 +85,110 @@ def test_open_domain_values_are_hashed_on_the_device_and_decode(tmp_path):
     dev.close()
 
 
+TREEHIST = {"campaign": {"id": "treehist-test"}, "attributes": [
+    {"name": "url", "type": "string", "protocol": "TreeHist", "eps": 2.0, "rows": 16, "memo_slots": 64},
+    {"name": "pid", "type": "u64", "protocol": "TreeHist", "eps": 2.0, "eps_1": 1.0, "bits": 64, "step": 16,
+     "start_bits": 0, "rows": 8, "memo_slots": 32},
+    {"name": "crash", "type": "string", "protocol": "HCMS", "eps": 1.0, "m": 16, "k": 2}]}
+
+
+def _treehist_slots(proto, st, values) -> set[int]:
+    """The memo slots the values' memoized inputs (their level prefixes) mark on the device of ``st``."""
+    from estimators.sketch.hashing import sketch_hash
+    ids = np.array(values, dtype=np.uint64)
+    a = proto.memo_inputs(ids, np.repeat(proto.device_levels(st), len(values)))
+    return set(sketch_hash(a, proto.memo_seed, proto.memo_slots)[:, 0].tolist())
+
+
+def test_treehist_memoizes_across_restarts_counts_slots_freezes_and_stores_no_value(tmp_path):
+    """TreeHist (a memoizing open-domain protocol): the memo state (key, seen slots) is created and persisted, a
+    restarted device reports the same bytes for the same value, each newly marked slot costs one eps_inf, a full
+    budget freezes on the last value's memoized report, a budget that cannot hold one slot is refused up front, and
+    the state directory holds neither the strings nor their ids nor their prefixes."""
+    campaign = Campaign.from_dict(TREEHIST)
+    url = campaign.attribute("url").protocol
+    e_inf = float(url.eps_inf)
+    secrets_ = ["https://example.com/a?q=café", "https://example.com/b", "https://other.org/", "x", "y", "z"]
+    ids = [campaign.attribute("url").value_id(v) for v in secrets_]
+    with pytest.raises(ValueError, match="cannot memoize a single value"):
+        Device(campaign, tmp_path / "small", budget_eps=0.5 * e_inf)
+    dev = Device(campaign, tmp_path / "dev", budget_eps=None)
+    first = dev.randomize("url", secrets_[0])
+    assert first.dtype == np.uint8 and first.shape == (1, 5)
+    assert np.array_equal(dev.randomize("url", secrets_[0]), first)  # the memoized report, no IRR: the same bytes
+    st = dev.states["url"]
+    assert dev.memoized_count("url") == 1 and dev.privacy_loss("url") == pytest.approx(e_inf)
+    assert int(first[0, 0]) == int(url.device_levels(st)[0])  # the level is the device's, for life
+    dev.close()
+    dev = Device(campaign, tmp_path / "dev", budget_eps=None)  # restarted: key and seen slots restored
+    assert np.array_equal(dev.randomize("url", secrets_[0]), first)
+    assert dev.memoized_count("url") == 1
+    for v in secrets_[1:3]:
+        dev.randomize("url", v)
+    st = dev.states["url"]
+    want = _treehist_slots(url, st, ids[:3])
+    assert set(np.flatnonzero(np.unpackbits(st.seen[0], bitorder="little")).tolist()) == want
+    assert dev.memoized_count("url") == len(want)
+    assert dev.privacy_loss("url") == pytest.approx(len(want) * e_inf) == float(url.longitudinal_loss(len(want)))
+    dev.close()
+    stored = b"".join(p.read_bytes() for p in (tmp_path / "dev").rglob("*") if p.is_file())
+    for v, i in zip(secrets_[:3], ids[:3]):
+        assert v.encode() not in stored and str(i).encode() not in stored and f"{i:016x}".encode() not in stored
+        assert i.to_bytes(8, "little") not in stored
+    a = url.memo_inputs(np.array(ids[:3], dtype=np.uint64), np.repeat(url.device_levels(st), 3))
+    assert not any(str(int(x)).encode() in stored or f"{int(x):016x}".encode() in stored for x in a if x)
+
+    # a budget of 2 slots: the third new prefix freezes on the last value's memoized report
+    dev = Device(campaign, tmp_path / "budget", budget_eps=2 * e_inf + 1e-9)
+    reps, distinct = [], set()
+    for v, i in zip(secrets_, ids):
+        reps.append(dev.randomize("url", v))
+        distinct |= _treehist_slots(url, dev.states["url"], [i])
+        if len(distinct) > 2:
+            break
+    assert len(distinct) == 3, "three values whose prefixes mark three slots"
+    assert dev.memoized_count("url") == 2 and dev.frozen("url")
+    assert np.array_equal(reps[-1], reps[-2])  # frozen: the last reported value's memoized report
+    assert dev.privacy_loss() <= dev.reserved_loss() <= 2 * e_inf + 1e-9
+    with pytest.raises(BudgetExceeded):  # the budget is reserved: a memoryless report is refused, nothing sent
+        dev.randomize("crash", "boom")
+    with pytest.raises(BudgetExceeded):  # and so is the first report of another memoizing attribute
+        dev.randomize("pid", 5)
+    last = dev.last_value("url")
+    assert isinstance(last, str) and last == reps[-1].tobytes().hex()  # the memoized report, not the value
+    dev.close()
+    dev = Device(campaign, tmp_path / "budget", budget_eps=2 * e_inf + 1e-9)  # restarted: still frozen on it
+    new_id = np.array([campaign.attribute("url").value_id("a value never seen")], dtype=np.uint64)
+    own = url.memoized_outputs(new_id, dev.states["url"])  # its own memoized report, if its prefix is memoized
+    slot_known = _treehist_slots(url, dev.states["url"], [int(new_id[0])]) <= \
+        set(np.flatnonzero(np.unpackbits(dev.states["url"].seen[0], bitorder="little")).tolist())
+    assert np.array_equal(dev.randomize("url", "a value never seen"), own if slot_known else reps[-1])
+    assert dev.memoized_count("url") == 2 and dev.last_value("url") == last
+    dev.close()
+
+
+def test_treehist_frozen_report_is_the_randomizer_s_for_the_last_value(monkeypatch):
+    """With eps_1 (an IRR): the frozen report drawn from the recorded memoized report is byte for byte what
+    ``randomize`` gives for the last value under the same noise key (rejections included)."""
+    from estimators.randomness import keys_from
+    from estimators.sketch import treehist as th
+    from producers import sdk
+
+    proto = Campaign.from_dict(TREEHIST).attribute("pid").protocol
+    st = proto.new_state(1)
+    for v in [0, 1, (1 << 64) - 1, 1 << 63, 12345] * 4:
+        nkey = keys_from(None, 1)[0]
+        monkeypatch.setattr(th, "noise_key", lambda rng=None, k=nkey: k)
+        monkeypatch.setattr("estimators.randomness.noise_key", lambda rng=None, k=nkey: k)
+        row = np.array([v], dtype=np.uint64)
+        trial = sdk._copy_state(st)
+        want = proto.randomize(row, None, state=trial)
+        last = sdk._open_last(proto, row, trial)
+        assert len(last) == 10 and np.array_equal(sdk._open_frozen(proto, last), want)
+
+
 def test_the_budget_says_what_it_memoizes_at_construction(tmp_path, caplog):
-    """budget_eps=10 on the demo campaign: 5 memo slots in all when the attributes report in turn (the issue's
+    """budget_eps=10 on the demo campaign: 4 memo slots in all when the attributes report in turn (the issue's
     "fully reserved after 3 reports" came without a word); the plan is logged and kept on the device."""
     with caplog.at_level(logging.INFO, logger="producers.sdk"):
         dev = Device(Campaign.load(DEMO), tmp_path / "dev", budget_eps=10.0)
@@ -94,10 +196,13 @@ def test_the_budget_says_what_it_memoizes_at_construction(tmp_path, caplog):
     assert plan in caplog.text
     assert "app_version (L-OSUE): its first memoized value reserves 2, each further one 2; alone in the budget it " \
            "could memoize 5 of its 100 possible inputs" in plan
-    assert "memoize app_version 2, crash_minute 2, opt_in 1 value(s) (5 reports reserve 10)" in plan
-    # the plan is what happens: five first reports in turn reserve the whole budget
-    for attr, value in (("app_version", 1), ("crash_minute", 2), ("opt_in", 0), ("app_version", 3),
-                        ("crash_minute", 4)):
+    # the demo's crash_signature (TreeHist, ε = 4) memoizes too: one slot of ε∞ ≈ 4 per new level prefix
+    assert "crash_signature (TreeHist): its first memoized value reserves 4, each further one 4; alone in the " \
+           "budget it could memoize 2 of its 4096 possible inputs" in plan
+    assert "memoize app_version 1, crash_minute 1, opt_in 1, crash_signature 1 value(s) (4 reports reserve 10)" in plan
+    # the plan is what happens: four first reports in turn reserve the whole budget
+    for attr, value in (("app_version", 1), ("crash_minute", 2), ("opt_in", 0),
+                        ("crash_signature", "NullPointerException@Foo.java:42")):
         dev.report(attr, value, t=1)
     assert dev.reserved_loss() == pytest.approx(10.0) and dev.remaining_budget() == pytest.approx(0.0, abs=1e-6)
     with pytest.raises(ValueError, match="cannot memoize a single value"):

@@ -197,32 +197,74 @@ export declare function sketchHash(id: bigint, rowSeed: bigint, m: number): numb
 /** T = ceil(2^bits / (e^eps + 1)), at least 1. */
 export declare function flipThreshold(eps: number, bits: number): number;
 
-/** The device side of an open-domain protocol: ONE 64-bit value id per report, fresh noise, no memo state. */
+/** The device side of an open-domain protocol: ONE 64-bit value id per report (CMS, HCMS: fresh noise, no memo
+ * state; TreeHist: memoizes with a memo state). */
 export declare abstract class OpenDomainProtocol extends Protocol {
   readonly openDomain: true;
   readonly eps: number;
-  readonly m: number;
-  /** The sketch rows (Apple's k). */
-  readonly k: number;
   readonly seed: bigint;
-  readonly seeds: bigint[];
-  /** The flip threshold and probability (T / 2^32 for CMS, T / 2^53 for HCMS). */
-  readonly T: number;
-  readonly q: number;
   /** The support size (a campaign attribute's k). */
   readonly supportSize: number;
   /** The report of a value id (BigInt, or a safe integer Number). */
   randomize(v: bigint | number, options: RandomizeOptions): Uint8Array;
   /** The report of a value: a string, or an integer id in [0, 2^64). */
-  randomizeValue(value: OpenValue, options: { keys: KeySource }): Uint8Array;
+  randomizeValue(value: OpenValue, options: { keys: KeySource; state?: MemoState | null }): Uint8Array;
+}
+/** What CMS and HCMS share. */
+declare abstract class CountMeanSketch extends OpenDomainProtocol {
+  readonly m: number;
+  /** The sketch rows (Apple's k). */
+  readonly k: number;
+  readonly seeds: bigint[];
+  /** The flip threshold and probability (T / 2^32 for CMS, T / 2^53 for HCMS). */
+  readonly T: number;
+  readonly q: number;
 }
 export interface SketchParams { eps: number; m: number; k: number; seed: bigint | number }
 /** Apple's Count Mean Sketch: report uint8 [2 + ceil(m/8)], the row (uint16 LE) then m bits. */
-export declare class CMS extends OpenDomainProtocol { constructor(p: SketchParams); }
+export declare class CMS extends CountMeanSketch { constructor(p: SketchParams); }
 /** Apple's Hadamard Count Mean Sketch (m a power of 2): report uint64 LE, ((j m + l) << 1) | bit. */
-export declare class HCMS extends OpenDomainProtocol { constructor(p: SketchParams); }
-export type OpenProtocolName = 'CMS' | 'HCMS';
-export declare const OPEN_PROTOCOLS: Record<OpenProtocolName, [new (params: SketchParams) => OpenDomainProtocol, string[], string[]]>;
+export declare class HCMS extends CountMeanSketch { constructor(p: SketchParams); }
+/** TreeHist's keywords (estimators/sketch/treehist.py; the same defaults). */
+export interface TreeHistParams { eps: number; bits?: number; step?: number; start_bits?: number | null; rows?: number;
+  oracle?: 'lh'; k_prime?: number; seed?: bigint | number; eps_1?: number | null; memo_slots?: number }
+/**
+ * TreeHist: heavy hitters over the top `bits` bits of value ids, a prefix-tree level per device, a public hash row
+ * per report, GRR over g = round(e^eps + 1) buckets. Report: uint8 [5], the level, the row (uint16 LE), the bucket
+ * (uint16 LE). With a memo state the level is fixed by the memo key and the row and first GRR are memoized per level
+ * prefix; eps_1 adds an IRR; one eps_inf per marked memo slot (memo_slots of them).
+ */
+export declare class TreeHist extends OpenDomainProtocol {
+  constructor(p: TreeHistParams);
+  readonly bits: number;
+  readonly step: number;
+  readonly startBits: number;
+  readonly prefixBits: number[];
+  readonly L: number;
+  readonly R: number;
+  readonly g: number;
+  readonly eps1: number | null;
+  readonly memoSlots: number;
+  readonly seeds: bigint[];
+  readonly memoSeed: bigint;
+  /** The 53-bit keep thresholds of the first GRR and of the IRR (2^53: none). */
+  readonly t1: bigint;
+  readonly t2: bigint;
+  /** The device's level for life, from its memo key. */
+  deviceLevel(state: MemoState): number;
+  /** The memoized input of a value id: the smallest id of the device's level prefix. */
+  memoInput(id: bigint, state: MemoState): bigint;
+  /** The device's memoized report of a value id (no IRR, nothing marked, no key drawn). */
+  memoizedOutput(v: bigint | number, state: MemoState): Uint8Array;
+  /** A report from a memoized one: randomize's bytes for any value of that memoized input (one key drawn). */
+  fromMemoized(prr: Uint8Array, keys: KeySource): Uint8Array;
+}
+/** The largest T with T (g - 1) / (2^53 - T) <= e^eps. */
+export declare function grrThreshold53(eps: number, g: number): bigint;
+/** TreeHist's prefix lengths min(bits, start_bits + i step), i = 1 .. L. */
+export declare function levelSchedule(bits: number, startBits: number, step: number): number[];
+export type OpenProtocolName = 'CMS' | 'HCMS' | 'TreeHist';
+export declare const OPEN_PROTOCOLS: Record<OpenProtocolName, [new (params: any) => OpenDomainProtocol, string[], string[]]>;
 /** makeOpen("HCMS", {eps: 4.0, m: 256, k: 16, seed: valueId("crash")}); unknown or missing keywords are refused. */
 export declare function makeOpen(name: OpenProtocolName | string, params?: Record<string, unknown>): OpenDomainProtocol;
 
@@ -284,10 +326,10 @@ export interface CampaignJSON {
     retention_steps?: number; max_steps_ahead?: number; min_n?: number; description?: string };
   attributes: Array<{ name: string; k: number; protocol?: string; labels?: string[]; defense?: string; type?: 'categorical'; [param: string]: unknown }
     | { name: string; type: 'numeric'; range: [number, number]; mechanism: MechanismName; eps: number; [param: string]: unknown }
-    | { name: string; type: 'string'; protocol: OpenProtocolName; eps: number; m: number; k: number; seed?: bigint | number;
-        top?: number; candidates?: string[]; [param: string]: unknown }
-    | { name: string; type: 'u64'; protocol: OpenProtocolName; eps: number; m: number; k: number; seed?: bigint | number;
-        top?: number; candidates?: Array<bigint | number>; [param: string]: unknown }>;
+    | { name: string; type: 'string'; protocol: OpenProtocolName; eps: number; m?: number; k?: number; seed?: bigint | number;
+        top?: number; candidates?: string[]; retention_steps?: number; [param: string]: unknown }
+    | { name: string; type: 'u64'; protocol: OpenProtocolName; eps: number; m?: number; k?: number; seed?: bigint | number;
+        top?: number; candidates?: Array<bigint | number>; retention_steps?: number; [param: string]: unknown }>;
   groups?: Array<{ name: string; attributes: string[]; solution: string; [param: string]: unknown }>;
 }
 
@@ -446,7 +488,8 @@ export declare class Ledger {
   remainingBudget(): number;
   memoizedCount(attribute: string): number;
   /** The value last randomized (an index, or a numeric attribute's measurement), or null. */
-  lastValue(attribute: string): number | null;
+  /** A memoizing open-domain attribute (TreeHist): the hex of its memoized report of the last value, never the value. */
+  lastValue(attribute: string): number | string | null;
   frozen(attribute: string): boolean;
   groupStepsReserved(group: string): number;
   reset(name: string, options: { group?: boolean; acceptPrivacyLoss: true }): number;

@@ -2,7 +2,7 @@
 //   python -c 'import json, sys, tomllib; print(json.dumps(tomllib.load(open(sys.argv[1], "rb"))))' campaign.toml
 // {campaign: {id, time_step_seconds, ...}, attributes: [{name, k, protocol, <its parameters>, labels?}, ...,
 //  {name, type: "numeric", range: [lo, hi], mechanism, eps, <the mechanism's parameters>}, ...],
-//  {name, type: "string" | "u64", protocol: "CMS" | "HCMS", eps, m, k, seed?, top?, candidates?}, ...],
+//  {name, type: "string" | "u64", protocol: "CMS" | "HCMS" | "TreeHist", eps, m?, k?, ...its keywords, seed?, top?, candidates?, retention_steps?}, ...],
 //  groups: [{name, attributes: [...], solution, <its parameters>}, ...]}
 // JSON numbers are exact up to 2^53 only: give a u64 candidate or an explicit seed above it as a BigInt (or parse
 // the JSON with a reviver that makes such integers BigInts); an unsafe Number is refused, never rounded.
@@ -234,7 +234,12 @@ export class Campaign {
     const ks = new Map();
     const labelsOf = new Map();
     for (const entry of raw) {
-      const { name, labels: rawLabels = [], defense = 'none', type: kind = 'categorical', protocol, ...params } = entry ?? {};
+      const { name, labels: rawLabels = [], defense = 'none', type: kind = 'categorical', protocol, retention_steps: keep,
+        ...params } = entry ?? {};
+      // an attribute's own retention_steps: server-side (the steps kept of it), validated as the reference, unused
+      if (keep !== undefined && keep !== null && !(typeof keep === 'number' && Number.isInteger(keep) && keep >= 1)) {
+        throw new CampaignError(`attribute '${name}': retention_steps must be an integer >= 1 (the final steps kept of it), got ${String(keep)}`);
+      }
       if (typeof name !== 'string' || !NAME.test(name)) throw new CampaignError(`attribute name must match ${NAME.source}, got ${JSON.stringify(name)}`);
       if (attrs.has(name) || ks.has(name)) throw new CampaignError(`attribute '${name}' is declared twice`);
       const labels = rawLabels.map(String);

@@ -63,10 +63,16 @@ export function bytesToHex(bytes) {
 }
 
 function nonceOf(domain, a) {
-  if (!Number.isSafeInteger(a) || a < 0) throw new Error(`stream input must be a non-negative safe integer, got ${a}`);
   const n = new Uint8Array(12);
   const v = new DataView(n.buffer);
   v.setUint32(0, domain >>> 0, true);
+  if (typeof a === 'bigint') { // a 64-bit input (an open-domain memoized prefix id)
+    if (a < 0n || a >= 1n << 64n) throw new Error(`stream input must lie in [0, 2^64), got ${a}`);
+    v.setUint32(4, Number(a & 0xffffffffn), true);
+    v.setUint32(8, Number(a >> 32n), true);
+    return n;
+  }
+  if (!Number.isSafeInteger(a) || a < 0) throw new Error(`stream input must be a non-negative safe integer, got ${a}`);
   v.setUint32(4, a % TWO32, true);
   v.setUint32(8, Math.floor(a / TWO32), true);
   return n;

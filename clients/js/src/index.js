@@ -8,6 +8,7 @@ export { MemoState, Protocol } from './protocol.js';
 export { make, fromParams, parameters, PROTOCOLS, makeOpen, OPEN_PROTOCOLS } from './registry.js';
 export { OpenDomainProtocol, valueId, sketchHash, rowSeeds, spread, mix64 as sketchMix64, flipThreshold } from './sketch.js';
 export { CMS, HCMS } from './cms.js';
+export { TreeHist, grrThreshold53, levelSchedule } from './treehist.js';
 export { GRR, LGRR, grrProbabilities } from './direct.js';
 export { SUE, OUE, LOUE, LSUE, LOSUE, LSOUE, ueChain } from './unary.js';
 export { ADP, LADP } from './adaptive.js';

@@ -13,7 +13,7 @@
 // State lives in a Storage (get/set of strings): device.json (campaign id, a fingerprint per scope),
 // budget.json (the ledger), <attribute>.memo.json (memo key + memoized cells), <group>.group.json (the group's
 // solution state). Writes follow the Python order, so a crash can only over-count the reserved loss.
-import { cryptoKeys } from './chacha.js';
+import { bytesToHex, cryptoKeys, hexToBytes } from './chacha.js';
 import { MemoState } from './protocol.js';
 import { MultiState } from './multidim.js';
 import { LDPError, formatG, sha256Hex } from './util.js';
@@ -214,7 +214,11 @@ export class Ledger {
         for (const [k, v] of Object.entries(part)) {
           // a numeric attribute's last value is a measurement (any finite number); every other entry an integer
           const numericLast = key === 'last_values' && this.campaign.attributes.get(k)?.numeric;
-          if (numericLast ? !(typeof v === 'number' && Number.isFinite(v)) : !Number.isInteger(v)) {
+          // a memoizing open-domain attribute's last value: the hex of its memoized report (never the value)
+          const openLast = key === 'last_values' && this.campaign.attributes.get(k)?.openDomain;
+          if (openLast) {
+            if (typeof v !== 'string' || !/^([0-9a-f]{2})+$/.test(v)) throw new Error(`${key}.${k} is not the hex of a report`);
+          } else if (numericLast ? !(typeof v === 'number' && Number.isFinite(v)) : !Number.isInteger(v)) {
             throw new Error(`${key}.${k} is not ${numericLast ? 'a finite number' : 'an integer'}`);
           }
           out[k] = v;
@@ -618,8 +622,12 @@ export class Ledger {
     // 2. the value itself, if it is memoized or may be memoized now
     let trial = st.copy();
     let report = proto.randomize(v, { keys: this.keys, state: trial });
+    const opened = this.campaign.attribute(attribute).openDomain;
+    // the ledger's last value: an index, a measurement, or an open-domain attribute's memoized report (TreeHist:
+    // never the value or its id, which a BigInt could not even write; frozen reports are drawn from it)
+    const lastV = opened ? bytesToHex(proto.memoizedOutput(v, trial)) : v;
     if (trial.count() === count) { // already memoized: its PRR is reused, nothing spent
-      this.saveBudget({ slots: newSlots, last: { ...this.lastValues, [attribute]: v }, keyed });
+      this.saveBudget({ slots: newSlots, last: { ...this.lastValues, [attribute]: lastV }, keyed });
       return report;
     }
     const newCost = L(proto, count + 1) - L(proto, count);
@@ -627,13 +635,18 @@ export class Ledger {
       this.saveBudget({ slots: newSlots, keyed }); // reserve first: a crash may over-count only
       this.saveMemo(attribute, trial);
       this.states[attribute] = trial;
-      this.saveBudget({ last: { ...this.lastValues, [attribute]: v } });
+      this.saveBudget({ last: { ...this.lastValues, [attribute]: lastV } });
       return report;
     }
     // 3. frozen: randomize the last reported value (memoized) instead of the new one
     const last = this.lastValues[attribute];
     if (last === undefined) {
       throw new BudgetExceeded(attribute, reserved, newCost, this.budgetEps ?? 0.0, 'no recorded last value to freeze on');
+    }
+    if (opened) { // the memoized report of the last value, the IRR drawn on top: nothing memoized
+      report = proto.fromMemoized(hexToBytes(last), this.keys);
+      this.saveBudget({ slots: newSlots, keyed });
+      return report;
     }
     trial = st.copy();
     report = proto.randomize(last, { keys: this.keys, state: trial });

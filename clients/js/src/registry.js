@@ -10,6 +10,7 @@ import { SS } from './subset.js';
 import { SHE, THE } from './histogram.js';
 import { makeNumeric } from './numeric.js';
 import { CMS, HCMS } from './cms.js';
+import { TreeHist } from './treehist.js';
 import { LDPError } from './util.js';
 
 const L = ['k', 'eps_inf', 'eps_1', 'calibration'];
@@ -48,6 +49,8 @@ const SKETCH = ['eps', 'm', 'k', 'seed'];
 export const OPEN_PROTOCOLS = {
   CMS: [CMS, SKETCH, SKETCH],
   HCMS: [HCMS, SKETCH, SKETCH],
+  TreeHist: [TreeHist, ['eps', 'bits', 'step', 'start_bits', 'rows', 'oracle', 'k_prime', 'seed', 'eps_1', 'memo_slots'],
+    ['eps']],
 };
 
 function construct(table, what, name, params) {

@@ -6,7 +6,7 @@
 // arithmetic):
 //   h_seed(v) = top(mix64(v ^ spread(seed)), m),  spread(s) = mix64(s * 0x9E3779B97F4A7C15 + 0x5348),
 //   top(z, m) = ((z >> 32) * m) >> 32,            rowSeeds(s, rows)[j] = mix64(s + j + 1)
-// An open-domain protocol module (cms.js; a heavy-hitter protocol later) extends OpenDomainProtocol and adds one
+// An open-domain protocol module (cms.js, treehist.js) extends OpenDomainProtocol and adds one
 // line to OPEN_PROTOCOLS (registry.js).
 import { sha256 } from '@noble/hashes/sha2.js';
 import { Protocol } from './protocol.js';

@@ -5,7 +5,7 @@
 and numeric mechanism of ldp-stream, byte for byte the reference's reports: ``tests/data/randomizer-vectors.json``),
 keeps its memo state and lifetime privacy budget in a private state directory, and sends single reports to the
 ingest. A numeric attribute (``type = "numeric"``) takes a measurement: ``dev.send("session_seconds", 312.5)``; an
-open-domain attribute (``type = "string"`` / ``"u64"``: CMS, HCMS) a string or a 64-bit integer, hashed on the
+open-domain attribute (``type = "string"`` / ``"u64"``: CMS, HCMS, TreeHist) a string or a 64-bit integer, hashed on the
 device: ``dev.send("crash_signature", "NullPointerException@Foo.java:42")``.
 
 >>> from ldp_device import Campaign, Device

@@ -12,7 +12,7 @@ It belongs to no group and has no labels and no poisoning defense.
 
 An open-domain attribute (``type = "string"`` or ``"u64"``) reports values nobody listed: a string (its id:
 :func:`ldp_device.sketch.value_id`, the first 8 bytes of its SHA-256) or an integer in ``[0, 2^64)``, randomized by
-an open-domain protocol (a name of :data:`ldp_device.registry.OPEN_PROTOCOLS`: CMS, HCMS) with its parameters;
+an open-domain protocol (a name of :data:`ldp_device.registry.OPEN_PROTOCOLS`: CMS, HCMS, TreeHist) with its parameters;
 its ``seed`` defaults to the attribute name's id, ``top`` (default 10, at most 1000) and ``candidates`` (at most
 10,000, strings or integers by the type) are server-side but validated as the reference does. No group, labels or
 poisoning defense.
@@ -306,6 +306,10 @@ class Campaign:
                 raise CampaignError(f"attribute {name!r} is declared twice")
             labels = tuple(str(x) for x in a.pop("labels", ()))
             defense = a.pop("defense", "none")
+            keep = a.pop("retention_steps", None)  # server-side (the steps kept of it): validated, unused here
+            if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
+                raise CampaignError(f"attribute {name!r}: retention_steps must be an integer >= 1 (the final steps "
+                                    f"kept of it), got {keep!r}")
             kind = a.pop("type", "categorical")
             if kind not in ATTRIBUTE_TYPES:
                 raise CampaignError(f"attribute {name!r}: type must be one of {', '.join(ATTRIBUTE_TYPES)}, got "

@@ -17,8 +17,10 @@ dev.send("crash_signature", "NullPointerException@Foo.java:42")   # type = "stri
 
 An open-domain attribute (``type = "string"`` or ``"u64"``) takes a ``str`` or an integer in ``[0, 2^64)``: the
 device computes its id (:func:`ldp_device.sketch.value_id`) and randomizes the id with the attribute's protocol
-(CMS, HCMS: memoryless, each report spends ``eps_first``); only the report leaves the device, and the ledger
-records the number of reports, never the value.
+(CMS, HCMS: memoryless, each report spends ``eps_first``; TreeHist: memoizing, one ε∞ per newly marked memo slot);
+only the report leaves the device. The ledger records the number of reports of a memoryless attribute, and for
+TreeHist the hex of the memoized report of its last value (what a frozen report is drawn from), never the value or
+its id; its memo file holds the memo key and the seen-slot bitset.
 
 Randomness: every memo key, a group's sampled attribute and fake inputs, and the noise key of every report
 (256 bits each) come from the OS CSPRNG (:func:`secrets.token_bytes`); a device takes no seed and no key source.
@@ -615,8 +617,12 @@ class Device:
         # 2. the value itself, if it is memoized or may be memoized now
         trial = st.copy()
         report = proto.randomize(v, os_key, trial)
+        opened = self.campaign.attribute(attribute).open_domain
+        # the ledger's last value: an index, a measurement, or an open-domain attribute's memoized report (TreeHist:
+        # never the value or its id; its frozen reports are drawn from it, as producers/sdk.py's)
+        last_v: int | float | str = proto.memoized_output(v, trial).hex() if opened else v
         if trial.count() == count:  # already memoized: its PRR is reused, nothing spent
-            self._save_budget(slots=new_slots, last=dict(led.last_values, **{attribute: v}), keyed=keyed)
+            self._save_budget(slots=new_slots, last=dict(led.last_values, **{attribute: last_v}), keyed=keyed)
             return report
         new_cost = float(proto.longitudinal_loss(count + 1)) - float(proto.longitudinal_loss(count))
         if count < new_slots[attribute] and led.fits(led.loss(), new_cost):
@@ -624,13 +630,17 @@ class Device:
             self._save_memo(attribute, trial)
             led.states[attribute] = trial
             self._changed(self._memo_path(attribute))
-            self._save_budget(last=dict(led.last_values, **{attribute: v}))
+            self._save_budget(last=dict(led.last_values, **{attribute: last_v}))
             return report
         # 3. frozen: randomize the last reported value (memoized) instead of the new one
         last = led.last_values.get(attribute)
         if last is None:
             raise BudgetExceeded(attribute, reserved, new_cost, self.budget_eps or 0.0,
                                  detail="no recorded last value to freeze on")
+        if opened:  # the memoized report of the last value, the IRR drawn on top: nothing memoized
+            report = proto.from_memoized(bytes.fromhex(str(last)), os_key)  # type: ignore[attr-defined]
+            self._save_budget(slots=new_slots, keyed=keyed)
+            return report
         trial = st.copy()
         report = proto.randomize(last, os_key, trial)
         if trial.count() != count:

@@ -76,6 +76,13 @@ def budget_plan(campaign: Campaign, budget_eps: float | None) -> str:
     return "\n".join(lines)
 
 
+def _report_hex(v: str) -> str:
+    """A ledger's recorded report: lowercase hex digits of whole bytes (``ValueError`` otherwise)."""
+    if not v or len(v) % 2 or v.strip("0123456789abcdef"):
+        raise ValueError(f"a ledger string is not the hex of a report: {v!r}")
+    return v
+
+
 class Ledger:
     """One device's ledger over a campaign and the state it accounts for.
 
@@ -111,9 +118,11 @@ class Ledger:
     @staticmethod
     def parse(data: Any) -> dict[str, Any]:
         """The ledger fields of a ``budget.json`` value (``ValueError``/``TypeError``/... if malformed)."""
-        out: dict[str, Any] = {key: {str(k): int(v) for k, v in data.get(key, {}).items()} for key in LEDGER_KEYS}
-        # a numeric attribute's last value is a measurement: kept as written (a float), an index as an int
-        out["last_values"] = {str(k): v if isinstance(v, float) else int(v)
+        out: dict[str, Any] = {key: {str(k): int(v) for k, v in data.get(key, {}).items()}
+                               for key in LEDGER_KEYS if key != "last_values"}
+        # a numeric attribute's last value is a measurement: kept as written (a float), an index as an int, a
+        # memoizing open-domain attribute's the hex of its memoized report (never the value: producers/sdk.py)
+        out["last_values"] = {str(k): v if isinstance(v, float) else _report_hex(v) if isinstance(v, str) else int(v)
                               for k, v in data.get("last_values", {}).items()}
         out["keyed"] = {str(k): str(v) for k, v in data.get("keyed", {}).items()}
         out["retired"] = {str(k): float(v) for k, v in data.get("retired", {}).items()}

@@ -57,7 +57,7 @@ class _OpenProtocols(_Lazy):
     """Name -> class of the open-domain protocols (``estimators.sketch.OPEN_PROTOCOLS``), imported on first use.
     A new protocol: its module and one line here."""
 
-    _WHERE = {"CMS": ("cms", "CMS"), "HCMS": ("cms", "HCMS")}
+    _WHERE = {"CMS": ("cms", "CMS"), "HCMS": ("cms", "HCMS"), "TreeHist": ("treehist", "TreeHist")}
 
 
 #: the numeric mechanisms of a ``type = "numeric"`` attribute, by name (``estimators.numeric.MECHANISMS``)

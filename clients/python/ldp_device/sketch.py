@@ -10,7 +10,7 @@ The hash family (exact 64-bit arithmetic on Python integers)::
     top(z, m) = ((z >> 32) * m) >> 32,             row_seeds(s, rows)[j] = mix64(s + j + 1)
 
 ``mix64`` the SplitMix64 finalizer. :class:`OpenDomainProtocol` is what an open-domain protocol module (CMS and
-HCMS in :mod:`ldp_device.cms`; a heavy-hitter protocol later) builds on: a report of ONE id, fresh noise per
+HCMS in :mod:`ldp_device.cms`, TreeHist in :mod:`ldp_device.treehist`) builds on: a report of ONE id, fresh noise per
 report (memoryless), the parameters ``{"protocol", "eps", ..., "seed"}`` of the reference.
 """
 from __future__ import annotations
