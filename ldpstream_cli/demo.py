@@ -98,12 +98,12 @@ def _open_panel(attr: str, a: Any, t: int, doc: dict, step: dict, top: int) -> P
     """An open-domain attribute's final: the true most frequent strings, each with its rank among the published
     top-K (found or not), the estimate and its 95% interval."""
     tab = Table(expand=True, show_edge=False, pad_edge=False)
-    for col in ("true rank", "value", "true", "found at", "estimate", "95% interval"):
-        tab.add_column(col, justify="left" if col == "value" else "right")
+    for col in ("true rank", f"value ({attr}-…)", "true", "found at", "estimate", "95% interval"):
+        tab.add_column(col, justify="left" if col.startswith("value") else "right")
     found = {e["item"]: (rank, e) for rank, e in enumerate(doc["top_k"], 1)}
     for rank, e in enumerate(step["true_top"][:top], 1):
         at, est = found.get(e["item"], (None, None))
-        tab.add_row(str(rank), e["value"], f"{e['frequency']:.4f}", "-" if at is None else str(at),
+        tab.add_row(str(rank), e["value"].removeprefix(f"{attr}-"), f"{e['frequency']:.4f}", "-" if at is None else str(at),
                     "-" if est is None else f"{est['frequency']:.4f}",
                     "-" if est is None else f"[{est['ci95'][0]:.4f}, {est['ci95'][1]:.4f}]")
     hits = sum(e["item"] in found for e in step["true_top"][:a.top])
