@@ -173,10 +173,11 @@ def test_device_example_runs_as_printed_with_the_light_sdk(local_stack, device_p
         device = subprocess.run([str(device_python), "-c", code], cwd=work, env=device_env, capture_output=True,
                                 text=True, timeout=120)
         assert device.returncode == 0, device.stderr
-        assert "{'accepted': 1}" in device.stdout, device.stdout
+        assert device.stdout.count("{'accepted': 1}") == 2, device.stdout
         assert (work / "device-state").is_dir()
         batches = asyncio.run(_batches(local_stack.info.kafka_bootstrap, Topics.with_prefix(prefix).reports))
-        assert [(b.campaign, b.attribute, b.count) for b in batches] == [("fleet-health", "app_version", 1)]
+        assert sorted((b.campaign, b.attribute, b.count) for b in batches) == [
+            ("fleet-health", "app_version", 1), ("fleet-health", "crash_signature", 1)]
     finally:
         stop_child(ingest)
         log.close()
