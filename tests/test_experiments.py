@@ -241,3 +241,34 @@ def test_numeric_quick_checks_the_papers_orderings(tmp_path_factory: pytest.Temp
     for name in ("config.json", "mean.csv", "worst_case.csv", "wasserstein.csv", "onebit_loss.csv", "worst_case.png",
                  "mse_vs_eps.png", "wasserstein.png", "onebit.png"):
         assert (out / name).stat().st_size > 0, name
+
+
+# ====================================================================== heavy hitters (Wang, Li & Jha, TDSC 2021)
+def test_heavy_hitters_quick_finds_the_top_of_zipf_and_of_the_words(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """``ldp experiment heavy-hitters --quick`` (n = 10^4, ε = 2 and 6, one repetition): every protocol returns K
+    items; at ε = 6 PEM and CMS find the true top 5 of Zipf(1.1) (each item above 1.6 % of the devices) and of the
+    word list (seeds 0-5 all do); PEM's recall and every PEM-like protocol's MSE improve from ε = 2 to 6."""
+    out = _experiment(tmp_path_factory, "heavy-hitters", "--quick")
+    for name in ("config.json", "runs.csv", "summary.csv", "data.csv", "vs_eps.png", "vs_n.png", "data.png"):
+        assert (out / name).stat().st_size > 0, name
+    runs = read_csv(out / "runs.csv")
+    import importlib.util
+
+    peer = importlib.util.find_spec("pure_ldp") is not None  # the bench extra (installed by `make test`)
+    assert {r["protocol"] for r in runs} >= {"PEM", "CMS", "HCMS"} | ({"pure-ldp PEM"} if peer else set())
+    for r in runs:
+        assert r["found"] == r["k"] == 20 and r["top_k_size"] >= 20, r
+        assert 0.0 <= r["recall"] <= r["precision"] <= 1.0 and 0.0 <= r["recall_top5"] <= 1.0, r
+        assert 0.0 < r["mse"] < 0.01, r
+    cell = {(r["dataset"], r["protocol"], r["eps"]): r for r in read_csv(out / "summary.csv") if r["n"] == 10_000}
+    for dataset in ("zipf", "words"):
+        for protocol in ("PEM", "CMS"):
+            assert cell[(dataset, protocol, 6.0)]["recall_top5"] == 1.0, (dataset, protocol)
+        assert not peer or cell[(dataset, "pure-ldp PEM", 6.0)]["recall_top5"] >= 0.6
+        assert cell[(dataset, "PEM", 6.0)]["recall"] > cell[(dataset, "PEM", 2.0)]["recall"]
+        for protocol in ("PEM", "CMS", "pure-ldp PEM", "TreeHist"):
+            if (dataset, protocol, 6.0) not in cell:
+                continue  # pure-ldp or TreeHist not installed
+            assert cell[(dataset, protocol, 6.0)]["mse"] < cell[(dataset, protocol, 2.0)]["mse"] / 5, protocol
+    words = [r for r in read_csv(out / "data.csv") if r["dataset"] == "words"]
+    assert words[0]["value"] == "the" and words[0]["probability"] > words[19]["probability"] > 0.003

@@ -1,5 +1,4 @@
-"""PEM, the prefix extending method: heavy hitters over a ``bits``-bit domain of value ids (Wang, Li,
-Lopuhaä-Zwakenberg & Jha, "Locally Differentially Private Heavy Hitter Identification", IEEE TDSC 2021, arXiv
+"""PEM, the prefix extending method: heavy hitters over a ``bits``-bit domain of value ids (Wang, Li & Jha, "Locally Differentially Private Heavy Hitter Identification", IEEE TDSC 2021, arXiv
 1708.06674, 2017; summarized in Wang, Zhang, Feng & Yang, "A Comprehensive Survey on Local Differential Privacy toward
 Data Statistics and Analysis", Sensors 2020). First increment of issue 24 part 2: a simulation-side module, not wired
 into the pipeline.

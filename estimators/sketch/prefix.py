@@ -1,8 +1,7 @@
 """The prefix-tree walk shared by the heavy-hitter protocols (PEM, :mod:`.pem`; TreeHist, :mod:`.treehist`), defined
 once.
 
-Both protocols find the frequent ``bits``-bit items without a candidate list by the same server-side walk (Wang, Li,
-Lopuhaä-Zwakenberg & Jha, IEEE TDSC 2021, the "prefix extending method"; Bassily, Nissim, Stemmer & Thakurta,
+Both protocols find the frequent ``bits``-bit items without a candidate list by the same server-side walk (Wang, Li & Jha, IEEE TDSC 2021, the "prefix extending method"; Bassily, Nissim, Stemmer & Thakurta,
 "Practical Locally Private Heavy Hitters", NeurIPS 2017, the TreeHist server): a device reports a prefix of its
 item at one level of a tree, and the server
 

@@ -8,6 +8,8 @@ poisoning experiment, each writing ``config.json``, CSV files and PNG plots (mat
 * ``calibration``: empirical MSE against the analytical variance of every protocol (:mod:`.calibration`);
 * ``numeric``: the numeric mechanisms (Laplace, Duchi, PM, HM, SW, 1BitMean) against their papers' claims, on
   synthetic data and Adult (:mod:`.numeric`);
+* ``heavy-hitters``: PEM (Wang, Li & Jha, TDSC 2021), pure-ldp's PEM, CMS and HCMS over a candidate list:
+  precision, recall and MSE of the top-K vs ε and n on Zipf data and a real word list (:mod:`.heavy_hitters`);
 * ``poisoning``: Cao, Jia & Gong's attacks and the defenses (:mod:`ldpstream_cli.experiment_poisoning`).
 
 The shared machinery (seeded parallel repetitions, files, configuration, wall time) is :mod:`.runner`.
@@ -19,7 +21,7 @@ import importlib
 import typer
 
 #: modules under ldpstream_cli/experiments/ with a ``register(group)``, in the order of ``ldp experiment --help``
-EXPERIMENTS = ("longitudinal", "allomfree", "numerical", "calibration", "numeric")
+EXPERIMENTS = ("longitudinal", "allomfree", "numerical", "calibration", "numeric", "heavy_hitters")
 
 
 def register(app: typer.Typer) -> None:
