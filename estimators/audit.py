@@ -530,7 +530,7 @@ def audit_longitudinal(proto: FrequencyProtocol, seq1: Sequence[int], seq2: Sequ
                 orient, sscore = _seed_scores(proto, reps, groups, vals1, vals2, pmax)
                 for o in (1, -1):
                     shist[side][o] += np.bincount(sscore[orient == o], minlength=pmax + 1)
-            memoized[side] = max(memoized[side], int(state.memoized_count().max()))
+            memoized[side] = max(memoized[side], int(np.max(proto.memoized_counts(state))))
             left -= m
 
     # hits of E_c = {S >= c}: tail sums of the score histograms, c = 1 .. L

@@ -98,6 +98,12 @@ class FrequencyProtocol(ABC):
         m = np.asarray(memoized)
         return np.where(m <= 0, 0.0, np.where(m == 1, self.eps_first, np.inf))
 
+    def memoized_counts(self, state: MemoState) -> np.ndarray:
+        """Distinct memoized inputs of each device of ``state``, the argument of :meth:`longitudinal_loss`: by
+        default the marked cells (:meth:`MemoState.memoized_count`); TreeHist counts its tag tables (``inf``
+        where one overflowed)."""
+        return state.memoized_count()
+
     def public_cells(self, reports: np.ndarray, v: int) -> np.ndarray | None:
         """The memo cell of value ``v`` on every reporting device, as a server reads it from the
         public part of the reports (``int64 (n,)``), or ``None`` when the cell is the value itself

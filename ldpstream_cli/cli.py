@@ -199,7 +199,7 @@ def simulate(n: Annotated[int, typer.Option(help="Devices in the simulated fleet
         t.add_column(col, justify="left" if col == "protocol" else "right")
     for name, p in protos.items():
         st = states[name]
-        loss = float(np.mean(p.longitudinal_loss(st.memoized_count()))) if st is not None else float("inf")
+        loss = float(np.mean(p.longitudinal_loss(p.memoized_counts(st)))) if st is not None else float("inf")
         truth = true_frequencies(p, pop.values)
         t.add_row(name, f"{np.mean(sq_err[name]):.3e}", f"{np.mean(p.variance_exact(truth, n)):.3e}",
                   f"{p.eps_first:.3f}", f"{p.eps_inf:.3f}", fmt_eps(loss, ".3g"), fmt_eps(p.worst_case_loss, ".3g"))

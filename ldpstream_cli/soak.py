@@ -71,7 +71,7 @@ from rich.table import Table
 
 from ldpstream_dev.errors import StackError
 from ldpstream_dev.stack import LocalStack
-from ldpstream_dev.workers import WorkerProcess, consume_json, produce_messages, read_counts
+from ldpstream_dev.workers import WorkerProcess, consume_json, keep_every_step, produce_messages, read_counts
 from estimators.errors import LDPError
 from estimators.randomness import SimulationWarning
 from producers.fleet import Fleet, FleetConfig, StepData, ensure_topic
@@ -475,8 +475,10 @@ def _final_index(redis_url: str, campaign: str, attributes: list[str]) -> dict[s
 
 def soak_campaign(source: Path, dest: Path, lateness: float | None = None) -> Path:
     """A copy of campaign file ``source``, with ``lateness_seconds = lateness`` unless ``lateness`` is None
-    (then the campaign's own: the soak runs with the lateness a deployment would have)."""
-    text = Path(source).read_text()
+    (then the campaign's own: the soak runs with the lateness a deployment would have), and every attribute on the
+    campaign's retention (:func:`ldpstream_dev.workers.keep_every_step`: the soak compares every step of the run with
+    its truth, so an attribute's shorter retention must not prune them)."""
+    text = keep_every_step(Path(source).read_text())
     if lateness is None:
         dest.write_text(text)
         Campaign.load(dest)

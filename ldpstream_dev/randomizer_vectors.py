@@ -23,8 +23,10 @@ protocols of :mod:`estimators` and the device ledger of :class:`producers.sdk.De
   family: row seeds, spreads and ``h_j(id)`` of a few ids and seeds) and ``cases``: every open-domain protocol
   (:data:`estimators.sketch.OPEN_PROTOCOLS`) at one or more settings, a device over :data:`OPEN_STEPS` (its
   values, their ids, the keys drawn, the exact report bytes, the words drawn past the noise slot; a memoizing
-  protocol's device (TreeHist) also its memo key, level, and per step the memo slots marked, its memoized report
-  and memoized input). Every 64-bit
+  protocol's device (TreeHist) also its memo key, level, and per step its memo tag table (``memoized``: the
+  ``memo_slots / 64`` little-endian uint64 tags of its state bytes, 16 hex digits each, ``0`` an empty slot, all
+  ones in slot 0 an overflowed table), ``memoized_count`` (the distinct memoized prefixes, ``"inf"`` once the
+  table overflowed), its memoized report and memoized input). Every 64-bit
   quantity is written as 16 hex digits (``id``, ``seed_hex``: JSON numbers lose bits past 2^53 in JavaScript).
 
 Keys are drawn from a seeded generator (the labelled simulation mode: reproducible, not private) and recorded,
@@ -486,12 +488,12 @@ OPEN_CASES: list[tuple[str, dict[str, Any], str]] = [
     # row and first GRR per level prefix), with an IRR (eps_1), string and u64 values
     ("TreeHist rows=16", {"protocol": "TreeHist", "eps": 4.0, "rows": 16, "memoize": False}, "string"),
     ("TreeHist rows=16 memoized", {"protocol": "TreeHist", "eps": 4.0, "rows": 16}, "string"),
-    ("TreeHist eps_1 memoized", {"protocol": "TreeHist", "eps": 2.0, "eps_1": 1.0, "rows": 7, "memo_slots": 64},
+    ("TreeHist eps_1 memoized", {"protocol": "TreeHist", "eps": 2.0, "eps_1": 1.0, "rows": 7, "memo_slots": 256},
      "string"),
     ("TreeHist eps_1 fresh u64", {"protocol": "TreeHist", "eps": 1.0, "eps_1": 0.5, "bits": 64, "step": 8,
                                   "rows": 3, "seed": (1 << 64) - 1, "memoize": False}, "u64"),
     ("TreeHist bits=64 memoized u64", {"protocol": "TreeHist", "eps": 6.0, "bits": 64, "step": 16, "start_bits": 0,
-                                       "rows": 1000, "memo_slots": 100, "seed": 0}, "u64"),
+                                       "rows": 1000, "memo_slots": 128, "seed": 0}, "u64"),  # 2 tags: overflows
 ]
 
 #: a device's values over the steps of an open-domain case, by type: a repeat, a change, a return, non-ASCII
@@ -550,10 +552,12 @@ OPEN_KERNELS = (("estimators.sketch.cms", "cms_randomize", "estimators.sketch.cm
                 ("estimators.sketch.treehist_kernels", "treehist_randomize", "estimators.sketch.treehist_kernels",
                  "np_treehist_randomize"),
                 ("estimators.sketch.treehist_kernels", "keyed_choice", "estimators.sketch.treehist_kernels",
-                 "np_keyed_choice"))
+                 "np_keyed_choice"),
+                ("estimators.sketch.treehist_kernels", "mark_tags", "estimators.sketch.treehist_kernels",
+                 "np_mark_tags"))
 
 #: the calibrated figures an open-domain case lists in ``derived`` when its protocol has them (64-bit ones in hex)
-_OPEN_DERIVED = ("T", "q", "support_size", "g", "t1", "t2", "prefix_bits")
+_OPEN_DERIVED = ("T", "q", "support_size", "g", "t1", "t2", "prefix_bits", "memo_tags")
 _OPEN_DERIVED_U64 = (("row_seeds", "seeds"), ("rejection_limit", "limit"), ("memo_seed", "memo_seed"))
 #: the most row seeds a case lists (TreeHist has L R of them: its ``memo_seed`` and the hash examples suffice)
 _MAX_LISTED_SEEDS = 1000
@@ -615,8 +619,13 @@ def _open_step(proto, kind: str, value: str | int, tape: KeyTape, state=None) ->
     keys = list(tape.drawn)
     out = {"value": value if kind == "string" else str(value), "id": _u64(vid), "keys": keys,
            "report": report_hex(proto, reports), "ext_words": _open_ext_words(proto, vid, keys, before)}
-    if state is not None:
+    if state is not None and hasattr(proto, "memo_tags"):  # TreeHist: its tag table, and what it counts
+        out["memoized"] = [_u64(t) for t in np.ascontiguousarray(state.seen[:1]).view("<u8")[0]]
+        count = float(proto.memoized_counts(state)[0])
+        out["memoized_count"] = "inf" if np.isinf(count) else int(count)
+    elif state is not None:
         out["memoized"] = _cells(state.seen[0], proto.memo_size)
+    if state is not None:
         out["prr"] = report_hex(proto, proto.memoized_outputs(ids, state))
         if hasattr(proto, "memo_inputs"):
             out["memo_input"] = _u64(proto.memo_inputs(ids, proto.device_levels(state))[0])

@@ -229,15 +229,25 @@ def _http_ok(info: dict[str, Any]) -> bool:
     return True
 
 
-def unique_campaign_file(path: Path, dest_dir: Path, suffix: str | None = None) -> Path:
-    """Copy a campaign file under a new id ``"{id}-{suffix}"`` (random suffix by default).
+def keep_every_step(text: str) -> str:
+    """A campaign file's text without its attributes' own ``retention_steps`` (the lines after the first
+    ``[[attributes]]``): every attribute keeps the campaign's retention, so a run shorter than it can compare every
+    step of every attribute with its truth (the demo's open-domain sketch keeps 6 steps of its own)."""
+    head, sep, tail = text.partition("[[attributes]]")
+    return head + sep + re.sub(r"(?m)^[ \t]*retention_steps[ \t]*=.*\n?", "", tail)
+
+
+def unique_campaign_file(path: Path, dest_dir: Path, suffix: str | None = None, *, every_step: bool = False) -> Path:
+    """Copy a campaign file under a new id ``"{id}-{suffix}"`` (random suffix by default); ``every_step``: with
+    :func:`keep_every_step`.
 
     Redis keys are per campaign id: tests that share one Redis must not share a campaign id, or their
     counts (and batch ids) mix."""
     old = Campaign.load(path).id
     new = f"{old}-{suffix or uuid.uuid4().hex[:8]}"
+    source = Path(path).read_text()
     text, n = re.subn(r'(?m)^(\s*id\s*=\s*)(["\'])' + re.escape(old) + r"\2", rf"\g<1>\g<2>{new}\g<2>",
-                      Path(path).read_text(), count=1)
+                      keep_every_step(source) if every_step else source, count=1)
     if n != 1:
         raise ValueError(f"cannot find the id line of campaign {old!r} in {path}")
     out = Path(dest_dir) / f"{Path(path).stem}-{new}.toml"

@@ -409,7 +409,7 @@ class Fleet:
     def memoized_counts(self, attribute: str) -> np.ndarray | None:
         """Distinct memoized inputs per device (``None`` for memoryless protocols and grouped attributes)."""
         st = self.states.get(attribute)
-        return None if st is None else st.memoized_count()
+        return None if st is None else self.proto(attribute).memoized_counts(st)
 
     def longitudinal_loss(self) -> np.ndarray:
         """Per-device worst-case longitudinal ε so far, summed over the ungrouped attributes (memo protocols)
@@ -417,7 +417,8 @@ class Fleet:
         total = np.zeros(self.n_devices)
         for name, st in self.states.items():
             if st is not None:
-                total += np.asarray(self.proto(name).longitudinal_loss(st.memoized_count()), dtype=np.float64)
+                total += np.asarray(self.proto(name).longitudinal_loss(self.proto(name).memoized_counts(st)),
+                                    dtype=np.float64)
         for g in self.campaign.groups.values():
             total += np.asarray(g.solution.longitudinal_loss(self.group_states[g.name]), dtype=np.float64)
         return total

@@ -28,10 +28,12 @@ restored state directory never holds the raw strings a device reported (nor thei
 candidate strings would invert).
 
 TreeHist memoizes: a memoizing open-domain attribute has a memo state like any memoizing attribute (its 256-bit
-key in the key store, the memo file holding the seen-slot bitset of ``memo_slots`` bits: the memo key and the
-marked slots, nothing else), its level is fixed for life by the key, its row and first GRR are memoized per level
-prefix, so a restarted device reports the same bytes for the same value (without ``eps_1``). Each newly marked
-memo slot costs one ε∞ (``proto.longitudinal_loss``), reserved and frozen as below. Its last value (what a frozen
+key in the key store, the memo file holding ``memo_slots`` bits read as a table of ``memo_slots / 64`` 64-bit tags,
+keyed PRFs of the memoized prefixes: the memo key and the tags, nothing else in clear), its level is fixed for life
+by the key, its row and first GRR are memoized per level prefix, so a restarted device reports the same bytes for
+the same value (without ``eps_1``). Each NEW prefix (a tag not in the table, ``proto.memoized_counts``) costs one
+ε∞ (``proto.longitudinal_loss``), reserved and frozen as below; a new prefix met by a full tag table is refused
+(:class:`MemoTableFull`, nothing memoized or sent) rather than memoized unaccounted. Its last value (what a frozen
 attribute keeps reporting) is recorded as the hex of the device's memoized report of it (level, row, first-GRR
 bucket: randomized, ε∞-LDP), never the string nor its id; a frozen report is that memoized report with a fresh
 IRR drawn on top, the bytes ``proto.randomize`` would give for the last value.
@@ -236,7 +238,7 @@ from wire.single_report import check_step, encode_single_report
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Device", "BudgetExceeded", "IngestError", "DeviceStateError"]
+__all__ = ["Device", "BudgetExceeded", "IngestError", "DeviceStateError", "MemoTableFull"]
 
 _DEVICE_FORMAT = "ldp-stream/device"
 _TOL = 1e-9
@@ -257,6 +259,19 @@ class BudgetExceeded(LDPError):
                "nothing was memoized or sent")
         super().__init__(msg if detail is None else f"{msg} ({detail})")
         self.attribute, self.spent, self.cost, self.budget = attribute, spent, cost, budget
+
+
+class MemoTableFull(LDPError):
+    """A memoizing attribute met a new value while its memo table is full (TreeHist: ``memo_slots / 64`` tags, one
+    per distinct memoized prefix): the loss of a new memoized value could not be accounted, so the value is
+    refused. Nothing was memoized, saved or sent; the values already memoized still report."""
+
+    def __init__(self, attribute: str, capacity: int) -> None:
+        super().__init__(f"the memo table of {attribute!r} is full: it holds {capacity} distinct memoized values "
+                         "and a new one could not be accounted for, so it is refused (nothing was memoized or "
+                         "sent; values already memoized still report; a campaign with a larger memo_slots, or "
+                         "Device.reset with accept_privacy_loss=True, makes room)")
+        self.attribute, self.capacity = attribute, capacity
 
 
 class IngestError(LDPError):
@@ -342,8 +357,11 @@ def _open_frozen(proto: FrequencyProtocol, last: str) -> np.ndarray:
     return proto.pack(lv, rw, y)
 
 
-def _count(st: MemoState) -> int:
-    return int(st.memoized_count()[0])
+def _count(st: MemoState, proto: FrequencyProtocol) -> int | float:
+    """The device's distinct memoized inputs as its protocol counts them (``proto.memoized_counts``: TreeHist's
+    tag table), ``inf`` for a table that overflowed (never saved by the SDK: :class:`MemoTableFull`)."""
+    c = float(proto.memoized_counts(st)[0])
+    return c if math.isinf(c) else int(c)
 
 
 def _copy_group_state(st: MultiState) -> MultiState:
@@ -798,13 +816,16 @@ class Device:
         if st is None:
             reports = self.spent_reports.get(name, 0) if spent is None else spent
             return reports * float(proto.eps_first) + retired
-        m = _count(st) if memoized is None else memoized
+        m = _count(st, proto) if memoized is None else memoized
         return float(proto.longitudinal_loss(m)) + retired
 
     def _slots(self, name: str) -> int:
         """Memo slots of a memoizing attribute (at least its memoized count: older state dirs)."""
         st = self.states.get(name)
-        return self.memo_slots.get(name, 0) if st is None else max(self.memo_slots.get(name, 0), _count(st))
+        if st is None:
+            return self.memo_slots.get(name, 0)
+        count = _count(st, self.campaign.attribute(name).protocol)  # inf: no tag table, refused when it reports
+        return self.memo_slots.get(name, 0) if math.isinf(count) else max(self.memo_slots.get(name, 0), count)
 
     def _attr_reserved(self, name: str) -> float:
         """Reserved loss of one attribute: depends on the schedule only (and what its resets retired)."""
@@ -883,7 +904,7 @@ class Device:
             self._refresh()
             self._usable(f"a:{attribute}")
         st = self.states[attribute]
-        return 0 if st is None else _count(st)
+        return 0 if st is None else _count(st, self.campaign.attribute(attribute).protocol)
 
     def last_value(self, attribute: str) -> int | float | str | None:
         """The value the last report of a memoizing attribute randomized (what it freezes on); for a memoizing
@@ -907,8 +928,8 @@ class Device:
         st = self.states[attribute]
         if st is None:
             return False
-        count, slots = _count(st), self._slots(attribute)
         proto = self.campaign.attribute(attribute).protocol
+        count, slots = _count(st, proto), self._slots(attribute)
         if count >= proto.memo_size:
             return False
         grow = self._slot_cost(attribute, slots)
@@ -1064,7 +1085,12 @@ class Device:
 
     def _randomize_memoized(self, attribute: str, proto: FrequencyProtocol, st: MemoState, row: np.ndarray,
                             reserved: float) -> np.ndarray:
-        count, slots = _count(st), self._slots(attribute)
+        if math.isinf(_count(st, proto)):  # no tag table (an earlier release's slot bitset): nothing to account on
+            raise DeviceStateError(
+                f"the memo state of {attribute!r} in {self._memo_path(attribute)} cannot be accounted (it is no "
+                f"{proto.name} memo tag table: a memo state of an earlier release); nothing was sent. "
+                f"Device.reset({attribute!r}, accept_privacy_loss=True) starts it anew with its loss counted")
+        count, slots = _count(st, proto), self._slots(attribute)
         # 1. reserve one more memo slot: decided on the schedule alone
         grow = self._slot_cost(attribute, slots)
         can_grow = grow is not None and self._fits(reserved, grow)
@@ -1080,11 +1106,13 @@ class Device:
         # the value as the ledger records it: an index, a numeric measurement, or an open-domain attribute's
         # memoized report (never the value or its id: _open_last)
         v = _open_last(proto, row, trial) if opened else row[0].item()
-        if _count(trial) == count:  # already memoized: its PRR is reused, nothing spent
+        if _count(trial, proto) == count:  # already memoized: its PRR is reused, nothing spent
             self._save_budget(slots=new_slots, last=dict(self.last_values, **{attribute: v}), keyed=keyed)
             return reports
         new_cost = float(proto.longitudinal_loss(count + 1)) - float(proto.longitudinal_loss(count))
         if count < new_slots[attribute] and self._fits(self._loss(), new_cost):
+            if math.isinf(_count(trial, proto)):  # a new value the memo table cannot account for: refused
+                raise MemoTableFull(attribute, getattr(proto, "memo_tags", proto.memo_size))
             self._save_budget(slots=new_slots, keyed=keyed)  # reserve first: a crash may over-count only
             self._save_memo(attribute, trial)
             self.states[attribute] = trial
@@ -1102,7 +1130,7 @@ class Device:
             return reports
         trial = _copy_state(st)
         reports = proto.randomize(np.array([last], dtype=row.dtype), None, state=trial)
-        if _count(trial) != count:
+        if _count(trial, proto) != count:
             raise DeviceStateError(f"the last value of {attribute!r} in {self._budget_path} is not memoized "
                                    f"in {self._memo_path(attribute)}: the state directory is inconsistent")
         self._save_budget(slots=new_slots, keyed=keyed)

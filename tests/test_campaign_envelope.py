@@ -21,8 +21,11 @@ def campaign() -> Campaign:
 def test_demo_campaign_loads(campaign: Campaign) -> None:
     assert campaign.id == "fleet-health"
     assert set(campaign.attributes) == {"app_version", "crash_minute", "opt_in", "session_seconds", "latency_ms",
-                                        "dark_mode", "country", "device_model"}
-    assert campaign.ungrouped == ["app_version", "crash_minute", "opt_in", "session_seconds", "latency_ms"]
+                                        "crash_signature", "dark_mode", "country", "device_model"}
+    assert campaign.ungrouped == ["app_version", "crash_minute", "opt_in", "session_seconds", "latency_ms",
+                                  "crash_signature"]
+    crash = campaign.attribute("crash_signature")
+    assert crash.open_domain and crash.protocol.name == "TreeHist" and campaign.retention_of(crash) == 6
     assert campaign.attribute("session_seconds").numeric and not campaign.attribute("app_version").numeric
     assert campaign.attribute("crash_minute").protocol.name == "LOLOHA"
     assert campaign.attribute("opt_in").label(1) == "yes"

@@ -304,6 +304,8 @@ def test_open_domain_vectors_replay_byte_for_byte(case):
         mine["prefix_bits"] = list(proto.prefix_bits)
     if "memo_seed" in d:
         mine["memo_seed"] = f"{proto.memo_seed:016x}"
+    if "memo_tags" in d:
+        mine["memo_tags"] = proto.memo_tags
     state = None
     if case.get("memo_key") is not None:  # a memoizing protocol's device (TreeHist): its memo key, then its reports
         state = proto.new_state(key_tape([case["memo_key"]]))
@@ -317,7 +319,10 @@ def test_open_domain_vectors_replay_byte_for_byte(case):
         assert got.hex() == step["report"], (case["case"], step)
         assert tape.left() == 0
         if state is not None:
-            assert state.cells() == step["memoized"]
+            tags = [f"{int.from_bytes(state.seen[8 * i:8 * i + 8], 'little'):016x}" for i in range(proto.memo_tags)]
+            assert tags == step["memoized"]  # the tag table, byte for byte
+            count = proto.memoized_count(state)
+            assert ("inf" if math.isinf(count) else count) == step["memoized_count"]
             assert proto.memoized_output(value_id(value), state).hex() == step["prr"]
             assert f"{proto.memo_input(value_id(value), state):016x}" == step["memo_input"]
 
@@ -384,7 +389,7 @@ type = "string"
 protocol = "TreeHist"
 eps = 2.0
 rows = 16
-memo_slots = 64
+memo_slots = 256
 [[attributes]]
 name = "pid"
 type = "u64"
@@ -414,7 +419,8 @@ def test_treehist_attributes_memoize_persist_freeze_and_store_no_value(tmp_path)
         a, r = light.attribute(name), ref.attribute(name)
         assert (a.k, a.value_type, a.protocol.params()) == (r.k, r.value_type, r.protocol.params())
     url = light.attribute("url").protocol
-    assert url.seed == value_id("url") and url.memo_size == 64 and url.longitudinal_loss(3) == 3 * url.eps_inf
+    assert url.seed == value_id("url") and url.memo_size == 256 and url.memo_tags == 4
+    assert url.longitudinal_loss(3) == 3 * url.eps_inf
     vals = ["https://example.com/a?q=café", "https://example.com/b", "https://other.org/", "p", "q", "r", "s"]
     with Device(light, tmp_path / "dev", budget_eps=None) as dev:
         first = dev.randomize("url", vals[0])
@@ -446,6 +452,61 @@ def test_treehist_attributes_memoize_persist_freeze_and_store_no_value(tmp_path)
         assert pid.from_memoized(pid.memoized_output(v, st), key_tape(keys)) == want
 
 
+def test_treehist_light_device_charges_each_new_prefix_once_keeps_its_tags_and_refuses_a_full_table(tmp_path):
+    """The light client's ledger counts TreeHist's tag table (the reference's, byte for byte): a repeated value is
+    charged once, also after a restart (the tags persist in the memo file), two prefixes that shared a memo slot
+    under the former accounting are charged twice, and a full table refuses a new prefix (MemoTableFull)."""
+    from ldp_device import MemoTableFull
+    from ldp_device.base import MemoState
+    from ldp_device.sketch import sketch_hash, value_id
+    from ldp_device.treehist import OVERFLOW, TreeHist
+
+    small = TREEHIST_CAMPAIGN.replace('id = "treehist-test"', 'id = "treehist-tags"').replace(
+        "memo_slots = 256", "memo_slots = 64")
+    camp = Campaign.loads(small)
+    url = camp.attribute("url").protocol
+    assert url.memo_tags == 1
+    with Device(camp, tmp_path / "dev", budget_eps=None) as dev:
+        first = dev.randomize("url", "a")
+        assert all(dev.randomize("url", "a") == first for _ in range(3))
+        assert dev.memoized_count("url") == 1 and dev.privacy_loss("url") == pytest.approx(url.eps_inf)
+    with Device(camp, tmp_path / "dev", budget_eps=None) as dev:  # restarted: the tag restored
+        assert dev.randomize("url", "a") == first and dev.memoized_count("url") == 1
+        st = dev.ledger.states["url"]
+        other = next(f"v{i}" for i in range(1000)
+                     if url.memo_input(value_id(f"v{i}"), st) != url.memo_input(value_id("a"), st))
+        with pytest.raises(MemoTableFull, match="memo table of 'url' is full"):
+            dev.randomize("url", other)
+        assert dev.memoized_count("url") == 1 and dev.privacy_loss("url") == pytest.approx(url.eps_inf)
+        assert dev.randomize("url", "a") == first
+    # a memo file of an earlier release (slot bits: a word with its low bit clear) is refused until reset
+    memo = tmp_path / "dev" / "url.memo.json"
+    obj = json.loads(memo.read_text())
+    obj["cells"] = [20]
+    memo.write_text(json.dumps(obj))
+    with Device(camp, tmp_path / "dev", budget_eps=None) as dev:
+        with pytest.raises(DeviceStateError, match="cannot be accounted"):
+            dev.randomize("url", "a")
+        dev.reset("url", accept_privacy_loss=True)
+        dev.randomize("url", "a")
+        assert dev.memoized_count("url") == 1
+    # two prefixes of the same former memo slot: two tags, two eps_inf (the old bitset charged one)
+    proto = TreeHist(2.0, rows=4, memo_slots=128)
+    st = MemoState(proto.fingerprint, bytes(range(32)), proto.memo_size)
+    by_slot: dict[int, int] = {}
+    for i in range(1000):
+        a = proto.memo_input(i << 40, st)
+        slot = sketch_hash(a, proto.memo_seed, proto.memo_slots)
+        if by_slot.setdefault(slot, a) != a:
+            break
+    else:
+        pytest.fail("no two prefixes shared a slot")
+    assert proto.mark_tag(by_slot[slot], st) == 1 and proto.mark_tag(a, st) == 1 and proto.mark_tag(a, st) == 0
+    assert proto.memoized_count(st) == 2 and proto.longitudinal_loss(proto.memoized_count(st)) == 2 * proto.eps_inf
+    assert proto.mark_tag(a ^ (1 << 63), st) == -1 and proto.memoized_count(st) == math.inf
+    assert int.from_bytes(st.seen[:8], "little") == OVERFLOW
+
+
 @pytest.mark.parametrize("eps_1", [None, 0.5])
 def test_treehist_rejection_redraws_are_the_references(eps_1):
     """TreeHist's redraws (level, row and other-bucket rejections, the level's word-7 fallback, PRR words past the
@@ -459,7 +520,7 @@ def test_treehist_rejection_redraws_are_the_references(eps_1):
     from ldp_device.treehist import TreeHist
     from ldpstream_dev.randomizer_vectors import KeyTape
 
-    params = {"eps": 1.0, "bits": 64, "step": 5, "rows": 3, "seed": 99, "eps_1": eps_1, "memo_slots": 50}
+    params = {"eps": 1.0, "bits": 64, "step": 5, "rows": 3, "seed": 99, "eps_1": eps_1, "memo_slots": 128}
     limit = 1 << 62
     rng = np.random.default_rng(12)
     ids = [int(x) for x in rng.integers(0, (1 << 64) - 1, size=40, dtype=np.uint64, endpoint=True)]
@@ -472,9 +533,10 @@ def test_treehist_rejection_redraws_are_the_references(eps_1):
     lst = MemoState(light.fingerprint, bytes.fromhex(memo_key), light.memo_size)
     for twin in (False, True):
         st = ref.new_state(1, KeyTape(replay=[memo_key]))
-        saved = tk.treehist_randomize, tk.keyed_choice
+        saved = tk.treehist_randomize, tk.keyed_choice, tk.mark_tags
         if twin:
-            tk.treehist_randomize, tk.keyed_choice = tk.np_treehist_randomize, tk.np_keyed_choice
+            tk.treehist_randomize, tk.keyed_choice, tk.mark_tags = (tk.np_treehist_randomize, tk.np_keyed_choice,
+                                                                    tk.np_mark_tags)
         try:
             for i, k in zip(ids, keys):
                 row = np.array([i], dtype=np.uint64)
@@ -482,8 +544,9 @@ def test_treehist_rejection_redraws_are_the_references(eps_1):
                 want = ref.randomize(row, KeyTape(replay=[k]), state=st)[0].tobytes()
                 assert want == light.randomize(i, key_tape([k]), lst if not twin else lst.copy())
         finally:
-            tk.treehist_randomize, tk.keyed_choice = saved
-    assert np.flatnonzero(np.unpackbits(st.seen[0], bitorder="little")[:50]).tolist() == lst.cells()
+            tk.treehist_randomize, tk.keyed_choice, tk.mark_tags = saved
+    assert bytes(st.seen[0]) == bytes(lst.seen)  # the tag tables (overflowed: 40 ids, 2 tags)
+    assert ref.memoized_counts(st)[0] == light.memoized_count(lst) == math.inf
 
 
 # ---------------------------------------------------------------------------- campaigns

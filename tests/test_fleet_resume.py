@@ -327,7 +327,7 @@ def test_private_fleet_sigkilled_at_20_points_counts_exact(local_stack, tmp_path
     seeded random part of a step's sending time (a kill may still land in a commit or the next draw: the test
     process is not scheduled at once on a busy machine)."""
     steps, devices, batch, rate = 10, 2_000, 250, 20_000.0  # 8,000 reports a step: 0.4 s each at that rate
-    cfile = unique_campaign_file(DEMO, tmp_path)
+    cfile = unique_campaign_file(DEMO, tmp_path, every_step=True)  # every step compared with its truth
     campaign = Campaign.load(cfile)
     app_id = f"fr-{uuid.uuid4().hex[:6]}"
     prefix = f"{app_id}."

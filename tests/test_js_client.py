@@ -226,7 +226,7 @@ def test_node_treehist_rejection_redraws_are_the_references(node, eps_1):
     from estimators.sketch.treehist import TreeHist
     from ldpstream_dev.randomizer_vectors import KeyTape
 
-    params = {"eps": 1.0, "bits": 64, "step": 5, "rows": 3, "seed": 99, "eps_1": eps_1, "memo_slots": 50}
+    params = {"eps": 1.0, "bits": 64, "step": 5, "rows": 3, "seed": 99, "eps_1": eps_1, "memo_slots": 128}
     limit = 1 << 62
     rng = np.random.default_rng(11)
     ids = [int(x) for x in rng.integers(0, (1 << 64) - 1, size=40, dtype=np.uint64, endpoint=True)]

@@ -251,23 +251,38 @@ def test_every_open_domain_protocol_has_vectors():
     assert {c["type"] for c in th} == {"string", "u64"}
 
 
-def test_treehist_memoized_vectors_repeat_per_prefix_and_mark_one_slot_per_new_prefix():
-    """A memoized TreeHist device without an IRR reports the same bytes for the same level prefix (its PRR), and a
-    new memo slot is marked exactly when a prefix it has not memoized arrives (the loss: one eps_inf per slot)."""
+def test_treehist_memoized_vectors_repeat_per_prefix_and_count_one_tag_per_new_prefix():
+    """A memoized TreeHist device without an IRR reports the same bytes for the same level prefix (its PRR), and its
+    tag table gains one tag exactly when a prefix it has not memoized arrives (the loss: one eps_inf per distinct
+    prefix, counted exactly); a full table meeting a new prefix overflows (all ones in slot 0, count "inf")."""
+    overflowed = probed = False
     for case in VECTORS["open_domain"]["cases"]:
         if case["params"]["protocol"] != "TreeHist" or case["memo_key"] is None:
             continue
+        T = case["derived"]["memo_tags"]
+        assert T == case["params"]["memo_slots"] // 64
         seen: dict[str, str] = {}
-        cells: list[int] = []
+        tags: list[str] = ["0" * 16] * T
         for step in case["steps"]:
             if case["params"]["eps_1"] is None:
                 assert step["report"] == step["prr"]
             assert step["report"][:2] == f"{case['derived']['level']:02x}"
-            if step["memo_input"] in seen:
-                assert step["prr"] == seen[step["memo_input"]] and step["memoized"] == cells
-            seen[step["memo_input"]] = step["prr"]
-            assert set(cells) <= set(step["memoized"]) and len(step["memoized"]) - len(cells) <= 1
-            cells = step["memoized"]
+            assert len(step["memoized"]) == T
+            if step["memoized_count"] == "inf":
+                assert step["memoized"][0] == "f" * 16 and (len(seen) >= T or tags[0] == "f" * 16)
+                overflowed = True
+            else:
+                if step["memo_input"] in seen:
+                    assert step["prr"] == seen[step["memo_input"]] and step["memoized"] == tags
+                new = [i for i, (a, b) in enumerate(zip(tags, step["memoized"])) if a != b]
+                assert len(new) == (0 if step["memo_input"] in seen else 1)
+                assert all(tags[i] == "0" * 16 and int(step["memoized"][i], 16) & 1 for i in new)
+                probed |= any(int(step["memoized"][i], 16) % T != i for i in new)  # linear probing exercised
+                assert step["memoized_count"] == sum(t != "0" * 16 for t in step["memoized"])
+                seen[step["memo_input"]] = step["prr"]
+                assert step["memoized_count"] == len(seen)
+            tags = step["memoized"]
+    assert overflowed and probed
 
 
 def test_value_ids_and_sketch_hashes():

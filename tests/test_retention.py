@@ -470,8 +470,10 @@ def test_retention_check_formula_message_and_what_fits() -> None:
     suggests are right (the suggested retention fits, one more step does not; the suggested maxmemory fits)."""
     demo = Campaign.load(DEMO_CAMPAIGN)
     need = campaign_need(demo, 100)
-    assert need.step_bytes == sum(step_bytes(a, 100) for a in demo.attributes.values())
-    assert need.total == demo.retention_steps * need.step_bytes
+    assert need.step_bytes == sum(step_bytes(a, 100) for a in demo.attributes.values() if a.retention_steps is None)
+    own = demo.attributes["crash_signature"]  # the open-domain sketch keeps its own, shorter retention
+    assert need.own_total == own.retention_steps * step_bytes(own, 100) > 0
+    assert need.total == demo.retention_steps * need.step_bytes + need.own_total
     # a step hash past 512 fields is a hash table: dearer per batch id
     assert step_hash_bytes(100, 1000) - step_hash_bytes(100, 999) > step_hash_bytes(100, 100) - step_hash_bytes(100, 99)
     limit = MemoryLimit(64 << 20, "maxmemory of redis://h:6379/0 (CONFIG GET maxmemory)", "h")
@@ -481,14 +483,16 @@ def test_retention_check_formula_message_and_what_fits() -> None:
     print(msg)
     fits = int(re.search(r"Lower retention_steps .* to ([\d,]+) or less", msg).group(1).replace(",", ""))
     raise_to = int(re.search(r"raise Redis maxmemory to ([\d,]+) B", msg).group(1).replace(",", ""))
-    for text in (f"campaign {demo.id}", f"retention_steps {demo.retention_steps:,} × {len(demo.attributes)} attributes × "
-                 f"{need.step_bytes / len(demo.attributes):,.0f} B per attribute and step", f"= {need.total:,} B",
+    shared = len(need.per_attribute)
+    for text in (f"campaign {demo.id}", f"retention_steps {demo.retention_steps:,} × {shared} attributes × "
+                 f"{need.step_bytes / shared:,.0f} B per attribute and step", f"= {need.total:,} B",
+                 f"crash_signature's own retention_steps {own.retention_steps} × {step_bytes(own, 100):,} B",
                  f"{64 << 20:,} B (64.0 MiB, maxmemory of redis://h:6379/0 (CONFIG GET maxmemory))", "80%",
                  f"device_model {step_bytes(demo.attributes['device_model'], 100):,}", "100 batches per step",
                  "LDP_RETENTION_BATCHES_PER_STEP"):
         assert text in msg, text
     usable = int((64 << 20) * MEMORY_FRACTION)
-    assert fits * need.step_bytes <= usable < (fits + 1) * need.step_bytes
+    assert fits * need.step_bytes <= usable - need.own_total < (fits + 1) * need.step_bytes
     assert raise_to * MEMORY_FRACTION >= need.total and (raise_to - 2) * MEMORY_FRACTION < need.total
     shorter = Campaign.from_dict({"campaign": {"id": demo.id, "retention_steps": fits}, "attributes": [
         {"name": "a", "k": 2, "protocol": "GRR", "eps": 1.0}]})
@@ -581,7 +585,7 @@ def test_a_worker_refuses_a_retention_that_does_not_fit(local_stack, tmp_path) -
     print(log)
     need = campaign_need(demo)
     assert code == 2, log
-    for text in ("error:", f"campaign {demo.id}", f"retention_steps {demo.retention_steps:,} × {len(demo.attributes)} attributes",
+    for text in ("error:", f"campaign {demo.id}", f"retention_steps {demo.retention_steps:,} × {len(need.per_attribute)} attributes",
                  f"= {need.total:,} B", "67,108,864 B (64.0 MiB, LDP_REDIS_MEMORY_BYTES)", "Lower retention_steps",
                  "raise Redis maxmemory to"):
         assert text in log, text

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import math
 import time
 import uuid
 from pathlib import Path
@@ -86,21 +87,19 @@ def test_open_domain_values_are_hashed_on_the_device_and_decode(tmp_path):
 
 
 TREEHIST = {"campaign": {"id": "treehist-test"}, "attributes": [
-    {"name": "url", "type": "string", "protocol": "TreeHist", "eps": 2.0, "rows": 16, "memo_slots": 64},
+    {"name": "url", "type": "string", "protocol": "TreeHist", "eps": 2.0, "rows": 16, "memo_slots": 256},
     {"name": "pid", "type": "u64", "protocol": "TreeHist", "eps": 2.0, "eps_1": 1.0, "bits": 64, "step": 16,
-     "start_bits": 0, "rows": 8, "memo_slots": 32},
+     "start_bits": 0, "rows": 8, "memo_slots": 64},
     {"name": "crash", "type": "string", "protocol": "HCMS", "eps": 1.0, "m": 16, "k": 2}]}
 
 
-def _treehist_slots(proto, st, values) -> set[int]:
-    """The memo slots the values' memoized inputs (their level prefixes) mark on the device of ``st``."""
-    from estimators.sketch.hashing import sketch_hash
+def _treehist_prefixes(proto, st, values) -> list[int]:
+    """The memoized inputs (level prefixes) of the values on the device of ``st``, in order."""
     ids = np.array(values, dtype=np.uint64)
-    a = proto.memo_inputs(ids, np.repeat(proto.device_levels(st), len(values)))
-    return set(sketch_hash(a, proto.memo_seed, proto.memo_slots)[:, 0].tolist())
+    return [int(x) for x in proto.memo_inputs(ids, np.repeat(proto.device_levels(st), len(values)))]
 
 
-def test_treehist_memoizes_across_restarts_counts_slots_freezes_and_stores_no_value(tmp_path):
+def test_treehist_memoizes_across_restarts_counts_prefixes_freezes_and_stores_no_value(tmp_path):
     """TreeHist (a memoizing open-domain protocol): the memo state (key, seen slots) is created and persisted, a
     restarted device reports the same bytes for the same value, each newly marked slot costs one eps_inf, a full
     budget freezes on the last value's memoized report, a budget that cannot hold one slot is refused up front, and
@@ -126,8 +125,9 @@ def test_treehist_memoizes_across_restarts_counts_slots_freezes_and_stores_no_va
     for v in secrets_[1:3]:
         dev.randomize("url", v)
     st = dev.states["url"]
-    want = _treehist_slots(url, st, ids[:3])
-    assert set(np.flatnonzero(np.unpackbits(st.seen[0], bitorder="little")).tolist()) == want
+    want = set(_treehist_prefixes(url, st, ids[:3]))  # one tag per distinct prefix: exact, no slot collisions
+    tags = st.seen[0].view("<u8")
+    assert int((tags != 0).sum()) == len(want) == url.memoized_counts(st)[0]
     assert dev.memoized_count("url") == len(want)
     assert dev.privacy_loss("url") == pytest.approx(len(want) * e_inf) == float(url.longitudinal_loss(len(want)))
     dev.close()
@@ -140,13 +140,15 @@ def test_treehist_memoizes_across_restarts_counts_slots_freezes_and_stores_no_va
 
     # a budget of 2 slots: the third new prefix freezes on the last value's memoized report
     dev = Device(campaign, tmp_path / "budget", budget_eps=2 * e_inf + 1e-9)
-    reps, distinct = [], set()
+    reps, distinct = [], []
     for v, i in zip(secrets_, ids):
         reps.append(dev.randomize("url", v))
-        distinct |= _treehist_slots(url, dev.states["url"], [i])
+        a = _treehist_prefixes(url, dev.states["url"], [i])[0]
+        if a not in distinct:
+            distinct.append(a)
         if len(distinct) > 2:
             break
-    assert len(distinct) == 3, "three values whose prefixes mark three slots"
+    assert len(distinct) == 3, "three values of three distinct prefixes"
     assert dev.memoized_count("url") == 2 and dev.frozen("url")
     assert np.array_equal(reps[-1], reps[-2])  # frozen: the last reported value's memoized report
     assert dev.privacy_loss() <= dev.reserved_loss() <= 2 * e_inf + 1e-9
@@ -160,10 +162,53 @@ def test_treehist_memoizes_across_restarts_counts_slots_freezes_and_stores_no_va
     dev = Device(campaign, tmp_path / "budget", budget_eps=2 * e_inf + 1e-9)  # restarted: still frozen on it
     new_id = np.array([campaign.attribute("url").value_id("a value never seen")], dtype=np.uint64)
     own = url.memoized_outputs(new_id, dev.states["url"])  # its own memoized report, if its prefix is memoized
-    slot_known = _treehist_slots(url, dev.states["url"], [int(new_id[0])]) <= \
-        set(np.flatnonzero(np.unpackbits(dev.states["url"].seen[0], bitorder="little")).tolist())
-    assert np.array_equal(dev.randomize("url", "a value never seen"), own if slot_known else reps[-1])
+    known = _treehist_prefixes(url, dev.states["url"], [int(new_id[0])])[0] in distinct[:2]
+    assert np.array_equal(dev.randomize("url", "a value never seen"), own if known else reps[-1])
     assert dev.memoized_count("url") == 2 and dev.last_value("url") == last
+    dev.close()
+
+
+def test_treehist_charges_each_new_prefix_once_keeps_its_tags_and_refuses_a_full_table(tmp_path):
+    """The reference SDK's ledger counts TreeHist's tag table: a repeated value costs one eps_inf once (also after a
+    restart: the tags persist), and a device whose table is full (memo_slots = 64: one tag) refuses a new prefix
+    with MemoTableFull instead of memoizing it unaccounted; nothing is memoized, saved or sent."""
+    from producers.sdk import MemoTableFull
+
+    campaign = Campaign.from_dict({"campaign": {"id": "treehist-tags"}, "attributes": [
+        {"name": "u", "type": "u64", "protocol": "TreeHist", "eps": 2.0, "bits": 64, "step": 16, "start_bits": 0,
+         "rows": 4, "memo_slots": 64}]})
+    u = campaign.attribute("u").protocol
+    assert u.memo_tags == 1
+    dev = Device(campaign, tmp_path / "dev", budget_eps=None)
+    first = dev.randomize("u", 0)
+    for _ in range(3):
+        assert np.array_equal(dev.randomize("u", 0), first)
+    assert dev.memoized_count("u") == 1 and dev.privacy_loss("u") == pytest.approx(float(u.eps_inf))
+    dev.close()
+    dev = Device(campaign, tmp_path / "dev", budget_eps=None)  # restarted: the tag restored, the repeat free
+    assert np.array_equal(dev.randomize("u", 0), first) and dev.memoized_count("u") == 1
+    saved = (tmp_path / "dev" / "u.memo.npz").read_bytes()
+    with pytest.raises(MemoTableFull, match="memo table of 'u' is full"):
+        dev.randomize("u", (1 << 64) - 1)  # another prefix at every level
+    assert (tmp_path / "dev" / "u.memo.npz").read_bytes() == saved
+    assert dev.memoized_count("u") == 1 and dev.privacy_loss("u") == pytest.approx(float(u.eps_inf))
+    assert np.array_equal(dev.randomize("u", 0), first)  # the memoized value still reports
+    dev.close()
+    # a memo state of an earlier release (a slot bitset: a nonzero word with its low bit clear) is no tag table: its
+    # loss cannot be accounted, so the device refuses until the attribute is reset
+    from estimators.memo import MemoState
+    from producers.sdk import DeviceStateError
+    legacy = MemoState.load(tmp_path / "dev" / "u.memo.npz")
+    legacy.seen[0, :] = 0
+    legacy.seen[0, 2] = 0x10                                 # slot 20 of the former bitset
+    legacy.save(tmp_path / "dev" / "u.memo.npz")
+    dev = Device(campaign, tmp_path / "dev", budget_eps=None)
+    assert u.memoized_counts(legacy)[0] == math.inf
+    with pytest.raises(DeviceStateError, match="cannot be accounted"):
+        dev.randomize("u", 0)
+    dev.reset("u", accept_privacy_loss=True)
+    dev.randomize("u", 0)
+    assert dev.memoized_count("u") == 1
     dev.close()
 
 

@@ -91,12 +91,44 @@ def test_eps_exact_for_the_implemented_law(f, p, q):
 
 
 def test_bad_parameters_refused():
-    for kw in (dict(m=5, h=3), dict(f=0.0), dict(f=1.0), dict(p=0.6, q=0.5), dict(cohorts=0)):
+    for kw in (dict(m=5, h=3), dict(f=0.0), dict(f=1.0), dict(p=0.6, q=0.5), dict(cohorts=0), dict(memo_slots=100),
+               dict(memo_slots=0)):
         with pytest.raises(LDPError):
             _proto(**kw)
 
 
 # ------------------------------------------------------------------ memoization
+def test_memo_tags_count_distinct_values_exactly_where_the_old_slots_collided_and_overflow_to_inf():
+    """The tag table (TreeHist's, domain "RPTG"): two values that shared a memo slot under the former one-bit-per-slot
+    accounting are charged twice, a repeat nothing, a full table meeting a new value overflows (inf), kernel == twin."""
+    from estimators.sketch import treehist_kernels as tk
+
+    P = _proto(memo_slots=128)                           # 2 tags; the former accounting had 128 slots
+    assert P.memo_tags == 2
+    ids = np.arange(1, 400, dtype=np.uint64) * np.uint64(7919)
+    slots = sketch_hash(ids, P.memo_seed, P.memo_slots)[:, 0]
+    i, j = next((i, j) for i in range(len(ids)) for j in range(i) if slots[i] == slots[j])
+    st = P.new_state(1, np.random.default_rng(2))
+    for v in (ids[i], ids[i], ids[j], ids[j], ids[i]):
+        P.randomize(np.array([v], dtype=np.uint64), np.random.default_rng(3), st)
+    assert P.memoized_counts(st).tolist() == [2.0]
+    np.testing.assert_allclose(P.longitudinal_loss(P.memoized_counts(st)), 2 * P.eps_inf)
+    P.randomize(np.array([ids[i] + np.uint64(1)], dtype=np.uint64), np.random.default_rng(3), st)
+    assert P.memoized_counts(st).tolist() == [np.inf] and np.isinf(P.longitudinal_loss(P.memoized_counts(st))[0])
+    # the kernel and its twin, over many devices and a few values (repeats, probing, overflows)
+    n = 200
+    st = P.new_state(n, np.random.default_rng(4))
+    seen_b = st.seen.copy()
+    rng = np.random.default_rng(5)
+    for _ in range(4):
+        v = rng.integers(0, 3, n).astype(np.uint64)
+        got = tk.mark_tags(np.ascontiguousarray(st.keys), rk.TAG, v, st.seen)
+        assert np.array_equal(got, tk.np_mark_tags(st.keys, rk.TAG, v, seen_b)) and np.array_equal(st.seen, seen_b)
+    c = P.memoized_counts(st)
+    assert np.isinf(c).any() and (c[~np.isinf(c)] <= 2).all()
+
+
+
 def test_memoized_prr_fixed_irr_fresh_loss_does_not_grow():
     P = _proto(m=64, h=2, cohorts=4)
     rng = np.random.default_rng(5)
@@ -104,22 +136,22 @@ def test_memoized_prr_fixed_irr_fresh_loss_does_not_grow():
     st = P.new_state(n, rng)
     ids = np.full(n, 123456789, dtype=np.uint64)
     prr1 = P.memoized_outputs(ids, st)
-    assert st.memoized_count().sum() == 0  # memoized_outputs marks nothing
+    assert P.memoized_counts(st).sum() == 0  # memoized_outputs marks nothing
     r1 = P.randomize(ids, rng, st)
-    loss1 = P.longitudinal_loss(st.memoized_count())
+    loss1 = P.longitudinal_loss(P.memoized_counts(st))
     r2 = P.randomize(ids, rng, st)
     prr2 = P.memoized_outputs(ids, st)
     assert np.array_equal(prr1, prr2)                       # same device, same value: same PRR
     assert np.array_equal(r1[:, :2], r2[:, :2])             # same cohort
     assert not np.array_equal(r1[:, 2:], r2[:, 2:])         # fresh IRR
-    assert np.array_equal(st.memoized_count(), np.ones(n))
-    assert np.array_equal(P.longitudinal_loss(st.memoized_count()), loss1)
+    assert np.array_equal(P.memoized_counts(st), np.ones(n))
+    assert np.array_equal(P.longitudinal_loss(P.memoized_counts(st)), loss1)
     assert np.allclose(loss1, P.eps_inf)
     # another value: a second PRR, one more ε∞
     other = np.full(n, 987654321, dtype=np.uint64)
     assert not np.array_equal(P.memoized_outputs(other, st), prr1)
     P.randomize(other, rng, st)
-    assert np.allclose(P.longitudinal_loss(st.memoized_count()), 2 * P.eps_inf)
+    assert np.allclose(P.longitudinal_loss(P.memoized_counts(st)), 2 * P.eps_inf)
     # the PRR's bit law: P(B' = 1) = 1 - f/2 on the filter, f/2 off it
     cohort = P.device_cohorts(st)
     B = np.zeros((n, 64), dtype=bool)

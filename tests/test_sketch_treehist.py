@@ -245,21 +245,106 @@ def test_memo_accounting_and_irr():
     st = th.new_state(n, np.random.default_rng(1))
     ids = _ids(n, 2)
     prr = th.memoized_outputs(ids, st)
-    assert st.memoized_count().sum() == 0                       # memoized_outputs marks nothing
+    assert th.memoized_counts(st).sum() == 0                    # memoized_outputs marks nothing
     a = th.randomize(ids, np.random.default_rng(5), state=st)
     b = th.randomize(ids, np.random.default_rng(6), state=st)
     assert not np.array_equal(a, b) and np.array_equal(a[:, :3], prr[:, :3])  # fresh IRR buckets, memoized rows
     np.testing.assert_array_equal(th.memoized_outputs(ids, st), prr)
-    assert st.memoized_count().tolist() == [1] * n
+    assert th.memoized_counts(st).tolist() == [1] * n
     th.randomize(ids ^ np.uint64(1 << 63), state=st)            # a new value (other prefixes): one more input each
-    assert st.memoized_count().tolist() == [2] * n
-    np.testing.assert_allclose(th.longitudinal_loss(st.memoized_count()), 2 * th.eps_inf)
+    assert th.memoized_counts(st).tolist() == [2] * n
+    np.testing.assert_allclose(th.longitudinal_loss(th.memoized_counts(st)), 2 * th.eps_inf)
     assert th.longitudinal_loss(3) == pytest.approx(3 * th.eps_inf)
     assert th.eps_first < th.eps_inf
     with pytest.raises(Exception):
         th.randomize(ids, state=TreeHist(4.0, rows=16, seed=4, eps_1=1.0).new_state(n))  # another configuration
     with pytest.raises(Exception):
         th.randomize(ids[:10], state=st)
+
+
+def _old_slot(th, a):
+    """The memo slot the former (RAPPOR-style) accounting marked for the memoized inputs ``a``."""
+    from estimators.sketch.hashing import sketch_hash
+    return sketch_hash(np.asarray(a, dtype=np.uint64), th.memo_seed, th.memo_slots)[:, 0]
+
+
+def test_memo_tags_charge_each_distinct_prefix_once_even_where_the_old_slots_collided():
+    th = TreeHist(4.0, bits=32, rows=4, seed=3, memo_slots=128)     # 2 tags (the old scheme: 128 slots)
+    assert th.memo_tags == 2
+    st = th.new_state(1, np.random.default_rng(1))
+    lv = th.device_levels(st)
+    # a pair of values of distinct level prefixes that shared a memo slot under the old scheme (found by search)
+    cand = _ids(400, 8)
+    a = th.memo_inputs(cand, np.repeat(lv, cand.shape[0]))
+    slots = _old_slot(th, a)
+    pair = next((i, j) for i in range(len(a)) for j in range(i) if slots[i] == slots[j] and a[i] != a[j])
+    v1, v2 = cand[list(pair)]
+    for _ in range(3):                                           # a repeated value: charged once
+        th.randomize(np.array([v1], dtype=np.uint64), state=st)
+    assert th.memoized_counts(st).tolist() == [1.0]
+    th.randomize(np.array([v2], dtype=np.uint64), state=st)     # the old slot's twin: charged again
+    assert th.memoized_counts(st).tolist() == [2.0]
+    np.testing.assert_allclose(th.longitudinal_loss(th.memoized_counts(st)), 2 * th.eps_inf)
+    for v in (v1, v2, v1):                                      # repeats: nothing new, no overflow
+        th.randomize(np.array([v], dtype=np.uint64), state=st)
+    assert th.memoized_counts(st).tolist() == [2.0]
+    tags = st.seen[0].view("<u8")
+    assert (tags & np.uint64(1)).all() and len(set(tags.tolist())) == 2  # nonzero tags, nothing in clear
+    assert not {int(x) for x in a[list(pair)]} & set(tags.tolist())
+    # a third distinct prefix on a full table: the loss can no longer be accounted (inf), and stays so
+    third = next(v for v, x in zip(cand, a) if x not in (a[pair[0]], a[pair[1]]))
+    th.randomize(np.array([third], dtype=np.uint64), state=st)
+    assert th.memoized_counts(st).tolist() == [math.inf] and th.longitudinal_loss(th.memoized_counts(st))[0] == math.inf
+    assert int(st.seen[0].view("<u8")[0]) == int(K.OVERFLOW)
+    th.randomize(np.array([v1], dtype=np.uint64), state=st)
+    assert th.memoized_counts(st).tolist() == [math.inf]
+    # a state of an earlier release (one bit per slot: a nonzero word with its low bit clear) is no tag table
+    legacy = th.new_state(2, np.random.default_rng(1))
+    legacy.seen[0, 2] = 0x10
+    legacy.seen[1, 8] = 0x01                                    # bit 64: a word whose low bit is set: looks like a tag
+    assert th.memoized_counts(legacy).tolist() == [math.inf, 1.0]
+
+
+def test_mark_tags_kernel_equals_twin_and_tags_survive_a_restart(tmp_path):
+    th = TreeHist(2.0, bits=16, start_bits=0, step=4, rows=4, seed=5, memo_slots=256)  # 4 tags, few prefixes
+    n = 300
+    st = th.new_state(n, np.random.default_rng(2))
+    twin = MemoState(st.fingerprint, st.keys.copy(), st.seen.copy(), st.memo_size)
+    lv = th.device_levels(st)
+    rng = np.random.default_rng(4)
+    for _ in range(7):                                          # repeats, probing collisions and overflows
+        a = th.memo_inputs(rng.integers(0, 1 << 3, n, dtype=np.uint64) << np.uint64(61), lv)
+        got = K.mark_tags(np.ascontiguousarray(st.keys), K.TAG, a, st.seen)
+        want = K.np_mark_tags(twin.keys, K.TAG, a, twin.seen)
+        np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(st.seen, twin.seen)
+    c = th.memoized_counts(st)
+    assert {-1, 0, 1} >= set(got.tolist()) and np.isinf(c).any() and (c[~np.isinf(c)] <= 4).all() and (c > 0).all()
+    # a subset view writes through, as the randomizer's
+    sub = st.subset(slice(0, 10))
+    th.randomize(np.full(10, 1 << 63, dtype=np.uint64), state=sub)
+    np.testing.assert_array_equal(th.memoized_counts(sub), th.memoized_counts(st)[:10])
+    # restarts keep the tags: a saved and loaded state counts the same, and a repeat adds nothing
+    st.save(tmp_path / "memo.npz")
+    back = MemoState.load(tmp_path / "memo.npz", th.fingerprint)
+    np.testing.assert_array_equal(th.memoized_counts(back), th.memoized_counts(st))
+    th.randomize(a, state=back)                                 # the last batch's prefixes again: all memoized
+    np.testing.assert_array_equal(th.memoized_counts(back), th.memoized_counts(st))
+    np.testing.assert_array_equal(back.seen, st.seen)
+
+
+def test_the_protocol_counts_memoized_inputs_for_the_fleet():
+    """``FrequencyProtocol.memoized_counts`` defaults to the state's marked cells; TreeHist's counts its tags."""
+    from estimators.registry import make
+
+    lo = make("L-OSUE", k=16, eps_inf=2.0, eps_1=1.0)
+    lst = lo.new_state(3, np.random.default_rng(0))
+    lo.randomize(np.array([1, 2, 2]), np.random.default_rng(1), state=lst)
+    np.testing.assert_array_equal(lo.memoized_counts(lst), lst.memoized_count())
+    th = TreeHist(4.0, rows=4)
+    st = th.new_state(3, np.random.default_rng(0))
+    th.randomize(_ids(3, 1), state=st)
+    assert th.memoized_counts(st).tolist() == [1.0] * 3 and st.memoized_count().tolist() != [1] * 3
 
 
 # ------------------------------------------------------------------ wire format, validation, parameters
@@ -299,7 +384,8 @@ def test_params_and_fingerprint():
     assert TreeHist(4.0, bits=64, start_bits=16, step=8).items_of([2**64 - 1])[0] == 2**64 - 1
     assert TreeHist(4.0, bits=8, start_bits=0, step=8).items_of([2**64 - 1])[0] == 0xFF << 56
     for bad in (dict(bits=0), dict(bits=65), dict(step=0), dict(rows=0), dict(k_prime=0), dict(seed=-1),
-                dict(oracle="hr"), dict(start_bits=32), dict(eps=0.0), dict(eps=12.0), dict(memo_slots=0)):
+                dict(oracle="hr"), dict(start_bits=32), dict(eps=0.0), dict(eps=12.0), dict(memo_slots=0),
+                dict(memo_slots=100), dict(memo_slots=32)):
         with pytest.raises(LDPError):
             TreeHist(**{"eps": 4.0, **bad})
     with warnings.catch_warnings():
@@ -352,3 +438,19 @@ def test_a_level_nobody_reported_at_gives_no_items_and_zero_estimates() -> None:
     assert top.items.size == 0 and top.freq.size == 0
     est = proto.estimate(support, 2, np.array([7], dtype=np.uint64))
     assert est.shape == (1,) and np.isfinite(est).all()
+
+
+def test_the_fleet_accounts_a_treehist_attribute_by_its_tags():
+    """producers/fleet.py asks the protocol: a TreeHist device's loss is its distinct memoized prefixes × ε∞."""
+    from producers.fleet import Fleet, FleetConfig
+    from wire.campaign import Campaign
+
+    camp = Campaign.from_dict({"campaign": {"id": "fleet-tags"}, "attributes": [
+        {"name": "url", "type": "string", "protocol": "TreeHist", "eps": 2.0, "rows": 4, "memo_slots": 256}]})
+    fleet = Fleet(FleetConfig(camp, n_devices=50, steps=3, batch_size=50, seed=1))
+    for _ in fleet.run():
+        pass
+    th = camp.attribute("url").protocol
+    counts = fleet.memoized_counts("url")
+    assert counts.tolist() == th.memoized_counts(fleet.states["url"]).tolist() and (counts >= 1).all()
+    np.testing.assert_allclose(fleet.longitudinal_loss(), counts * th.eps_inf)

@@ -33,10 +33,16 @@ Both are exact worst cases over an open domain when ``m >= 2h`` (required: then 
 ``h``-bit filters).
 
 *Longitudinal accounting.* A device leaks ε∞ per distinct value it memoizes (Arcolezi et al., EDBT 2023, Eq. 8).
-The domain is open, so the memo state cannot hold one bit per value: it holds ``memo_slots`` bits, value ``v``
-marking slot ``h_{seed_{cohorts*h}}(v) mod memo_slots``. The count of marked slots is the number of distinct values
-memoized, exact unless two of the device's distinct values share a slot (probability at most ``d(d-1) / (2
-memo_slots)`` for ``d`` values; an undercount). Reporting a value again marks nothing new.
+The domain is open, so the memo state cannot hold one bit per value: its ``memo_slots`` bits (a multiple of 64) are a
+table of ``memo_slots / 64`` little-endian 64-bit tags, TreeHist's (:mod:`.treehist`): the tag of value id ``v`` is
+word 0 of the keyed stream ``(key, TAG, v)`` (:data:`.rappor_kernels.TAG`, a domain of its own) with its low bit set,
+inserted by linear probing (:func:`.treehist_kernels.mark_tags`); a tag found is a repeat (no new loss), a new value
+takes an empty slot. :meth:`RAPPOR.memoized_counts` (the nonzero tags) is the number of distinct values memoized,
+exact up to a tag collision (probability ``2^-63`` a pair); a full table meeting a new value writes the all-ones
+sentinel in slot 0 and the count is ``inf`` from then on. (The former accounting marked one bit per slot
+``h_{seed_{cohorts*h}}(v) mod memo_slots`` and under-counted two values sharing a slot; the row ``cohorts*h`` of the
+seeds is kept, unused, so the cohorts' rows stay the same.) RAPPOR is not wired into the pipeline or the device
+SDKs.
 
 The decoding (§4), against a list of candidate ids:
 
@@ -70,6 +76,7 @@ from ..longitudinal import Rounds, ue_chain_eps_first, ue_eps
 from ..memo import MemoState
 from ..randomness import noise_key, rejection_limit, threshold32
 from . import rappor_kernels as rk
+from . import treehist_kernels as tk
 from .hashing import row_seeds, sketch_hash
 
 __all__ = ["RAPPOR", "RapporEstimate"]
@@ -108,8 +115,9 @@ class RAPPOR:
             raise LDPError(f"cohorts must lie in [1, {MAX_COHORTS}], got {cohorts!r}")
         if not (0.0 < f < 1.0 and 0.0 <= p < q <= 1.0):
             raise LDPError(f"RAPPOR needs 0 < f < 1 and 0 <= p < q <= 1, got f={f!r}, p={p!r}, q={q!r}")
-        if memo_slots < 1:
-            raise LDPError(f"memo_slots must be >= 1, got {memo_slots!r}")
+        if isinstance(memo_slots, bool) or int(memo_slots) != memo_slots or memo_slots < 64 or memo_slots % 64:
+            raise LDPError(f"memo_slots must be a positive multiple of 64 (memo_slots / 64 tags of 64 bits), "
+                           f"got {memo_slots!r}")
         self.m, self.h, self.cohorts, self.seed, self.memo_slots = int(m), int(h), int(cohorts), int(seed), int(memo_slots)
         self.requested = (float(f), float(p), float(q))
         self.t1q = threshold32(f / 2)                      # P(B' = 1 | B = 0) = f/2
@@ -121,7 +129,7 @@ class RAPPOR:
         self.p, self.q = int(self.t2q) / _SCALE, int(self.t2p) / _SCALE
         seeds = row_seeds(self.seed, self.cohorts * self.h + 1)
         self.seeds = seeds[:-1]          # cohort c's hash functions: rows c*h .. c*h+h-1
-        self.memo_seed = seeds[-1:]      # row cohorts*h: the memo-accounting slot of an id
+        self.memo_seed = seeds[-1:]      # row cohorts*h: unused since the tag tables (module doc)
         self.rounds = Rounds(1 - self.f / 2, self.f / 2, self.q, self.p)
         blob = json.dumps(self.params(), sort_keys=True, separators=(",", ":")).encode()
         self.fingerprint = hashlib.sha256(blob).hexdigest()[:16]
@@ -159,9 +167,23 @@ class RAPPOR:
     def new_state(self, n_devices: int, rng: np.random.Generator | None = None) -> MemoState:
         return MemoState.fresh(self.fingerprint, n_devices, self.memo_slots, rng)
 
+    @property
+    def memo_tags(self) -> int:
+        """Tags in a device's table: at most this many distinct memoized values are accounted."""
+        return self.memo_slots // 64
+
     def longitudinal_loss(self, memoized: np.ndarray | int) -> np.ndarray | float:
-        """ε on a device's values after memoizing ``memoized`` distinct values: one ε∞ each."""
+        """ε on a device's values after memoizing ``memoized`` distinct values: one ε∞ each (``inf``: an
+        overflowed tag table)."""
         return np.asarray(memoized) * self.eps_inf
+
+    def memoized_counts(self, state: MemoState) -> np.ndarray:
+        """Distinct memoized values of each device, ``float64 (n_devices,)``: the nonzero tags of its table,
+        ``inf`` once it overflowed (module doc)."""
+        if state.seen.shape[1] != self.memo_tags * 8:
+            raise LDPError(f"RAPPOR: a memo state of {state.seen.shape[1]} bytes per device is no table of "
+                           f"{self.memo_tags} tags")
+        return tk.tag_counts(state.seen)
 
     # ---------------------------------------------------------------- client
     def device_cohorts(self, state: MemoState) -> np.ndarray:
@@ -189,12 +211,14 @@ class RAPPOR:
         state.check(self.fingerprint, n)
         return state
 
-    def _reports(self, ids, state, nkey, irr: bool, seen) -> np.ndarray:
+    def _reports(self, ids, state, nkey, irr: bool, mark: bool) -> np.ndarray:
         cohort = self.device_cohorts(state)
         pos = self.bloom_bits(ids, cohort)
-        slots = sketch_hash(ids, self.memo_seed, self.memo_slots)[:, 0]
-        bits = rk.rappor_randomize(ids, pos, np.ascontiguousarray(state.keys), seen, slots, nkey,
-                                   self.t1p, self.t1q, self.t2p, self.t2q, self.m, irr)
+        keys = np.ascontiguousarray(state.keys)
+        bits = rk.rappor_randomize(ids, pos, keys, np.zeros((0, 0), dtype=np.uint8), np.zeros(0, dtype=np.int64),
+                                   nkey, self.t1p, self.t1q, self.t2p, self.t2q, self.m, irr)
+        if mark and ids.shape[0]:
+            tk.mark_tags(keys, rk.TAG, ids, state.seen)  # in place: the accounting (module doc)
         head = cohort.astype("<u2").view(np.uint8).reshape(-1, 2)
         return np.concatenate([head, bits], axis=1)
 
@@ -203,13 +227,13 @@ class RAPPOR:
         memoized per (device key, id), IRR fresh from ``rng`` (``None``: the OS CSPRNG; a Generator: simulation)."""
         v = self._check_ids(ids)
         st = self._state(state, v.shape[0])
-        return self._reports(v, st, noise_key(rng), True, st.seen)
+        return self._reports(v, st, noise_key(rng), True, True)
 
     def memoized_outputs(self, ids, state: MemoState) -> np.ndarray:
         """The devices' PRR filters ``B'`` (same layout as reports), without the IRR and without marking anything."""
         v = self._check_ids(ids)
         st = self._state(state, v.shape[0])
-        return self._reports(v, st, np.zeros(8, dtype=np.uint32), False, np.zeros((0, 0), dtype=np.uint8))
+        return self._reports(v, st, np.zeros(8, dtype=np.uint32), False, False)
 
     # ---------------------------------------------------------------- server
     @property

@@ -13,7 +13,10 @@ Streams:
   same device reporting the same value gets the same memoized bits forever (RAPPOR's PRR, Erlingsson, Pihur &
   Korolova, CCS 2014, §2 step 2);
 * the IRR: row ``i``'s slot of ``ceil(m/2)`` words of the batch noise stream ``(nkey, NOISE, 0)`` (fresh per report,
-  §2 step 3).
+  §2 step 3);
+* the memo tag of value id ``v`` (the accounting, :mod:`.rappor`): word 0 of ``(key, TAG, v)``, inserted in the
+  device's tag table by :func:`.treehist_kernels.mark_tags` (the same table as TreeHist's). The kernels' own
+  ``seen``/``slots`` marking (one bit per slot) is the former accounting, no longer used by :class:`.rappor.RAPPOR`.
 """
 from __future__ import annotations
 
@@ -24,10 +27,11 @@ from ..kernels import _mark
 from ..randomness import KEY_WORDS, LO32, NOISE, PRR, fill_run, fill_words, np_stream_words, rejection_limit
 from ..reference import noise_slots
 
-__all__ = ["COHORT", "np_rappor_cohorts", "np_rappor_randomize", "np_rappor_support", "rappor_cohorts",
+__all__ = ["COHORT", "TAG", "np_rappor_cohorts", "np_rappor_randomize", "np_rappor_support", "rappor_cohorts",
            "rappor_randomize", "rappor_support"]
 
 COHORT = np.uint32(0x54524843)  # "CHRT": a RAPPOR device's fixed cohort, a = 0
+TAG = np.uint32(0x47545052)     # "RPTG": the memo tag of a memoized value id, a = the id (:mod:`.rappor`)
 _CHUNK = 1 << 10
 _U32 = np.uint64(32)
 

@@ -31,12 +31,24 @@ it is not implemented: reports here are 5 bytes anyway.
 
 **Longitudinal use.** With a :class:`~estimators.memo.MemoState` the row and the first GRR of a device are its
 memoized PRR, drawn from the ChaCha20 stream ``(key, PRR, a)``, ``a`` the smallest id of the device's level prefix
-(the only part of the value the report depends on): a value that does not change gives the same report forever,
-and values sharing that prefix share it. ``eps_1`` adds an IRR per report: a second GRR over the ``g`` buckets from
-fresh noise with ``p2`` solved by :func:`estimators.longitudinal.grr_chain_p2` (exact calibration) and quantized
-to 53 bits downward; ε1 is :func:`~estimators.longitudinal.grr_chain_eps_first` of the quantized rounds. The memo
-accounting is RAPPOR's (:mod:`.rappor`): ``memo_slots`` bits, input ``a`` marking slot
-``h_{seed_{L R}}(a) mod memo_slots``; :meth:`longitudinal_loss` charges one ε∞ per marked slot.
+(the only part of the value the report depends on): a value that does not change gives the same report forever, and
+values sharing that prefix share it. ``eps_1`` adds an IRR per report: a second GRR over the ``g`` buckets from
+fresh noise with ``p2`` solved by :func:`estimators.longitudinal.grr_chain_p2` (exact calibration) and quantized to
+53 bits downward; ε1 is :func:`~estimators.longitudinal.grr_chain_eps_first` of the quantized rounds. The memo
+accounting is exact: the state's ``memo_slots`` bits per device (a multiple of 64; 4096 by default, 512 bytes) are a
+table of ``T = memo_slots / 64`` little-endian uint64 TAGS. The tag of a memoized input ``a`` is a keyed PRF of
+(memo key, ``a``): word 0 of the ChaCha20 stream ``(key, TAG, a)`` (:data:`.treehist_kernels.TAG`, a domain of its
+own) with its low bit set, so the table holds no value in clear and two inputs share a tag with probability
+``2^-63``. It is inserted by linear probing from slot ``tag mod T``: a tag found is a repeat (no new loss), a new
+input takes the first empty slot (:func:`.treehist_kernels.mark_tags`). :meth:`memoized_counts` is the number of
+nonzero tags, the number of distinct memoized prefixes, and :meth:`longitudinal_loss` charges one ε∞ each. A full
+table that meets a new input cannot account for it: it writes the all-ones sentinel
+(:data:`.treehist_kernels.OVERFLOW`) in slot 0 and :meth:`memoized_counts` is ``inf`` for that device from then on
+(so its loss is ``inf``; a device SDK refuses the new value instead). A state whose bytes hold a nonzero word with
+its low bit clear is no tag table (the one-bit-per-slot bitset the accounting used before, below): it counts ``inf``
+as well, and a device SDK refuses to report with it until the attribute is reset. The memoized reports do not depend
+on the table. (Before, the accounting was the one-bit-per-slot approximation RAPPOR used too: slot ``h(a) mod
+memo_slots``, one ε∞ per marked slot, which under-counted two inputs sharing a slot.)
 
 **Server.** The support is, per level, the report count ``m_l`` and the ``R x g`` cell counts. A candidate prefix
 ``d`` at level ``l`` has ``C(d) = Σ_j cells[l, j, h_{l,j}(d)]`` and ``f̂ = (C - m/g) / (m (ps - 1/g))``, with
@@ -152,15 +164,16 @@ class TreeHist(OpenDomainProtocol):
         if isinstance(seed, bool) or int(seed) != seed or not 0 <= seed <= _MASK64:
             raise LDPError(f"TreeHist: seed must be an integer in [0, 2^64), got {seed}")
         self.seed = int(seed)
-        if int(memo_slots) != memo_slots or memo_slots < 1:
-            raise LDPError(f"TreeHist: memo_slots must be a positive integer, got {memo_slots}")
+        if isinstance(memo_slots, bool) or int(memo_slots) != memo_slots or memo_slots < 64 or memo_slots % 64:
+            raise LDPError(f"TreeHist: memo_slots must be a positive multiple of 64 (bits of memo state: "
+                           f"memo_slots / 64 tags of 64 bits), got {memo_slots}")
         self.memo_slots = int(memo_slots)
         self.g = olh_g(self.eps)
         if self.g > 1 << 16:
             raise LDPError(f"TreeHist: ε = {self.eps:g} needs g = {self.g} > 2^16 buckets")
         seeds = row_seeds(self.seed, self.L * self.R + 1)
         self.seeds = seeds[:-1]          # level l, row j: seeds[l R + j]
-        self.memo_seed = seeds[-1:]      # the memo-accounting slot of a memoized input
+        self.memo_seed = seeds[-1:]      # unused since the tag tables (kept: the row seeds stay the same)
         self.plen = np.array(self.prefix_bits, dtype=np.int64)
         g = self.g
         self.t1 = grr_threshold53(self.eps, g)
@@ -202,9 +215,23 @@ class TreeHist(OpenDomainProtocol):
     def new_state(self, n_devices: int, rng: np.random.Generator | None = None) -> MemoState:
         return MemoState.fresh(self.fingerprint, n_devices, self.memo_slots, rng)
 
+    @property
+    def memo_tags(self) -> int:
+        """Tags in a device's table (module doc): at most this many distinct memoized prefixes are accounted."""
+        return self.memo_slots // 64
+
     def longitudinal_loss(self, memoized: np.ndarray | int) -> np.ndarray | float:
-        """ε on a device's values after memoizing ``memoized`` distinct inputs (level prefixes): one ε∞ each."""
+        """ε on a device's values after memoizing ``memoized`` distinct inputs (level prefixes): one ε∞ each
+        (``memoized = inf``, an overflowed tag table: ``inf``)."""
         return np.asarray(memoized) * self.eps_inf
+
+    def memoized_counts(self, state: MemoState) -> np.ndarray:
+        """Distinct memoized level prefixes of each device, ``float64 (n_devices,)``: the nonzero tags of its table,
+        ``inf`` once the table overflowed (module doc). The argument of :meth:`longitudinal_loss`."""
+        if state.seen.shape[1] != self.memo_tags * 8:
+            raise LDPError(f"TreeHist: a memo state of {state.seen.shape[1]} bytes per device is no table of "
+                           f"{self.memo_tags} tags")
+        return tk.tag_counts(state.seen)
 
     # ---------------------------------------------------------------- device side
     def device_levels(self, state: MemoState) -> np.ndarray:
@@ -229,8 +256,7 @@ class TreeHist(OpenDomainProtocol):
             levels = self.device_levels(state)
             avals = self.memo_inputs(v, levels)
             if mark and n:
-                slots = sketch_hash(avals, self.memo_seed, self.memo_slots)[:, 0]
-                np.bitwise_or.at(state.seen, (np.arange(n), slots >> 3), (1 << (slots & 7)).astype(np.uint8))
+                tk.mark_tags(keys, tk.TAG, avals, state.seen)  # in place (a subset view writes through)
         lv, rw, y = tk.treehist_randomize(v, self.plen, self.seeds, self.R, self.g, nkey, keys, levels, avals,
                                           np.uint64(self.t1), np.uint64(self.t2 if irr else _TWO53), *self._limits)
         return self.pack(lv, rw, y)

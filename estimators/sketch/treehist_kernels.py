@@ -19,6 +19,15 @@ threshold, so its probability is exactly ``T / 2^53``):
   ``(key, PRR, a)``, ``a`` the smallest id of the device's level prefix (a keyed PRF of the memo key and the
   memoized input; rejections take words 3, 4, .. of the same stream), so it is the same forever; the IRR from
   words 4 and 5 of the noise slot.
+
+**Memo tags** (:func:`mark_tags`, the accounting of :meth:`.treehist.TreeHist.memoized_counts`): a device's ``seen``
+bytes are a table of ``T = len(seen row) / 8`` little-endian uint64 tags. The tag of the memoized input ``a`` is
+word 0 of the keyed stream ``(key, TAG, a)`` with its low bit set (``| 1``: never 0, the empty slot), the
+all-ones word (:data:`OVERFLOW`) replaced by ``0xFF..FD``; it is inserted by linear probing from slot
+``tag mod T``: found, a repeat; an empty slot first, a new input (one more ε∞). A full table meeting a new input
+writes :data:`OVERFLOW` in slot 0: the device's loss can no longer be accounted (``inf``) and stays so. A table
+holding a nonzero word with its low bit clear is no tag table (the slot bitset of an earlier release): it counts
+``inf`` too (:func:`tag_counts`).
 """
 from __future__ import annotations
 
@@ -29,11 +38,15 @@ from ..randomness import NOISE, NOISE_EXT, PRR, fill_run, fill_words, np_stream_
 from ..reference import Draws, noise_slots
 from .hashing import np_sketch_hash, sketch_hash
 
-__all__ = ["LEVEL", "SLOT", "candidate_counts", "collision_fractions", "keyed_choice", "np_candidate_counts",
+__all__ = ["LEVEL", "OVERFLOW", "SLOT", "TAG", "candidate_counts", "mark_tags", "np_mark_tags", "tag_counts",
+           "collision_fractions", "keyed_choice", "np_candidate_counts",
            "np_collision_fractions", "np_keyed_choice",
            "np_treehist_randomize", "treehist_randomize"]
 
 LEVEL = np.uint32(0x4C564854)  # "THVL": a TreeHist device's fixed level, a = 0
+TAG = np.uint32(0x47544854)    # "THTG": the memo tag of a memoized input, a = that input (module doc)
+OVERFLOW = np.uint64(0xFFFFFFFFFFFFFFFF)  # slot 0 of a device whose tag table overflowed (module doc)
+_TAG_SWAP = np.uint64(0xFFFFFFFFFFFFFFFD)  # the tag of a word whose `| 1` is OVERFLOW
 SLOT = 6                       # noise words per report (module doc)
 PRR_WORDS = 8                  # prefix of a memoized report's PRR stream (one block)
 _CHUNK = 1 << 12
@@ -138,6 +151,102 @@ def treehist_randomize(ids, plen, seeds, R, g, nkey, keys, levels, avals, t1, t2
                 y, jn = _grr(y, g, slot[4], slot[5], t2, lim_g, nkey, NOISE_EXT, i, slot, jn, ncache, SLOT)
             lv[i], rw[i], ys[i] = l, j, y
     return lv, rw, ys
+
+
+@nb.njit(inline="always", cache=True)
+def _get_tag(seen, i, s):
+    t = np.uint64(0)
+    for b in range(8):
+        t |= np.uint64(seen[i, 8 * s + b]) << np.uint64(8 * b)
+    return t
+
+
+@nb.njit(inline="always", cache=True)
+def _set_tag(seen, i, s, t):
+    for b in range(8):
+        seen[i, 8 * s + b] = np.uint8((t >> np.uint64(8 * b)) & np.uint64(0xFF))
+
+
+@nb.njit(cache=True, nogil=True)
+def mark_tags(keys, domain, avals, seen):
+    """Insert each device's memoized input ``avals[i]`` (``uint64 (n,)``) in its tag table, the row ``seen[i]``
+    (``uint8 (n, 8 T)``, updated in place; module doc), the tag from the keyed stream ``(keys[i], domain, avals[i])``
+    (:data:`TAG` for TreeHist; RAPPOR's :data:`.rappor_kernels.TAG`). Returns ``int8 (n,)``: 1 a new input (a tag
+    inserted), 0 a repeat (its tag found), -1 an overflowed table (full on a new input, or already overflowed)."""
+    n = avals.shape[0]
+    T = seen.shape[1] // 8
+    out = np.zeros(n, dtype=np.int8)
+    for r0 in range(0, n, _CHUNK):
+        r1 = min(n, r0 + _CHUNK)
+        words = np.empty((r1 - r0, 8), dtype=np.uint64)
+        fill_words(keys, True, domain, avals, r0, r1, words)
+        for i in range(r0, r1):
+            if _get_tag(seen, i, 0) == OVERFLOW:
+                out[i] = -1
+                continue
+            t = words[i - r0, 0] | np.uint64(1)
+            if t == OVERFLOW:
+                t = _TAG_SWAP
+            h = np.int64(t % np.uint64(T))
+            res = -1
+            for k in range(T):
+                s = (h + k) % T
+                c = _get_tag(seen, i, s)
+                if c == t:
+                    res = 0
+                    break
+                if c == 0:
+                    _set_tag(seen, i, s, t)
+                    res = 1
+                    break
+            if res < 0:
+                _set_tag(seen, i, 0, OVERFLOW)
+            out[i] = res
+    return out
+
+
+def np_mark_tags(keys, domain, avals, seen):
+    """The numpy twin of :func:`mark_tags`: the probes vectorized over the devices."""
+    avals = np.asarray(avals, dtype=np.uint64)
+    n, T = avals.shape[0], seen.shape[1] // 8
+    out = np.zeros(n, dtype=np.int8)
+    if n == 0:
+        return out
+    tags = np.ascontiguousarray(seen).view("<u8").copy()  # (n, T)
+    t = np_stream_words(keys, domain, avals, 1)[:, 0] | np.uint64(1)
+    t[t == OVERFLOW] = _TAG_SWAP
+    over = tags[:, 0] == OVERFLOW
+    out[over] = -1
+    pending = ~over
+    h = (t % np.uint64(T)).astype(np.int64)
+    rows = np.arange(n)
+    for k in range(T):
+        if not pending.any():
+            break
+        s = (h + k) % T
+        c = tags[rows, s]
+        hit = pending & (c == t)
+        empty = pending & (c == 0)
+        out[hit] = 0
+        out[empty] = 1
+        tags[rows[empty], s[empty]] = t[empty]
+        pending &= ~(hit | empty)
+    out[pending] = -1
+    tags[pending, 0] = OVERFLOW
+    seen[...] = tags.view(np.uint8).reshape(seen.shape)
+    return out
+
+
+def tag_counts(seen) -> np.ndarray:
+    """Distinct memoized inputs per device from the tag tables ``seen`` (``uint8 (n, 8 T)``): the nonzero tags,
+    ``inf`` for an overflowed table and for a table holding a nonzero word that is no tag (its low bit 0: e.g. the
+    one-bit-per-slot bitset of an earlier release, whose loss the table cannot account); ``float64 (n,)``."""
+    tags = np.ascontiguousarray(seen).view("<u8")
+    out = (tags != 0).sum(axis=1).astype(np.float64)
+    if tags.shape[1]:
+        bad = (tags[:, 0] == OVERFLOW) | ((tags != 0) & ((tags & np.uint64(1)) == 0)).any(axis=1)
+        out[bad] = np.inf
+    return out
 
 
 def _np_uniform(z, limit, m, draw, j):

@@ -148,9 +148,9 @@ def simulate(task: Task) -> dict[str, Any]:
                 all_detected &= ~moved | new_report
         previous_values, previous_cells, previous_reports = values, cells, reports
         if t in marks:
-            loss = float(np.mean(proto.longitudinal_loss(state.memoized_count())))
+            loss = float(np.mean(proto.longitudinal_loss(proto.memoized_counts(state))))
             loss_curve.append((t, loss, float(changes.mean())))
-    memoized = state.memoized_count()
+    memoized = proto.memoized_counts(state)
     row = {"protocol": task.label, "eps_inf": task.eps_inf, "alpha": task.alpha, "rep": task.rep,
            "mse_avg": sq_err / c.tau, "variance_avg": variance / c.tau,
            "eps_avg": float(np.mean(proto.longitudinal_loss(memoized))),

@@ -8,7 +8,7 @@ export { MemoState, Protocol } from './protocol.js';
 export { make, fromParams, parameters, PROTOCOLS, makeOpen, OPEN_PROTOCOLS } from './registry.js';
 export { OpenDomainProtocol, valueId, sketchHash, rowSeeds, spread, mix64 as sketchMix64, flipThreshold } from './sketch.js';
 export { CMS, HCMS } from './cms.js';
-export { TreeHist, grrThreshold53, levelSchedule } from './treehist.js';
+export { TreeHist, grrThreshold53, levelSchedule, TAG as TREEHIST_TAG } from './treehist.js';
 export { GRR, LGRR, grrProbabilities } from './direct.js';
 export { SUE, OUE, LOUE, LSUE, LOSUE, LSOUE, ueChain } from './unary.js';
 export { ADP, LADP } from './adaptive.js';
@@ -23,6 +23,6 @@ export { makeSolution, SOLUTIONS, MultiState, Solution, amplifiedEps } from './m
 export { Campaign, CampaignError, Attribute, Group, MAX_STEP, ATTRIBUTE_TYPES, MAX_TOP, MAX_CANDIDATES } from './campaign.js';
 export { encodePayload, decodePayload, encodeSingleReport, base64Encode, base64Decode, checkStep, encodeCompact,
   COMPACT_CONTENT_TYPE } from './wire.js';
-export { Ledger, BudgetExceeded, DeviceStateError, budgetPlan } from './ledger.js';
+export { Ledger, BudgetExceeded, DeviceStateError, MemoTableFull, budgetPlan } from './ledger.js';
 export { Device, IngestError, postReport, retryable, idempotencyKey } from './device.js';
 export { MemoryStorage, LocalStorageStorage, FileStorage } from './storage.js';

@@ -32,6 +32,19 @@ export class BudgetExceeded extends LDPError {
   }
 }
 
+/** A memoizing attribute met a new value while its memo table is full (TreeHist: memo_slots / 64 tags): the loss of
+ * a new memoized value could not be accounted, so the value is refused; nothing was memoized or sent. */
+export class MemoTableFull extends LDPError {
+  constructor(attribute, capacity) {
+    super(`the memo table of '${attribute}' is full: it holds ${capacity} distinct memoized values and a new one `
+      + 'could not be accounted for, so it is refused (nothing was memoized or sent; values already memoized still '
+      + 'report; a campaign with a larger memo_slots, or a reset accepting the privacy loss, makes room)');
+    this.name = 'MemoTableFull';
+    this.attribute = attribute;
+    this.capacity = capacity;
+  }
+}
+
 /** Device state that does not belong to this campaign, is missing or cannot be read: the device refuses. */
 export class DeviceStateError extends LDPError {
   constructor(message) {
@@ -432,13 +445,15 @@ export class Ledger {
     if (`a:${name}` in this.broken) return this.attrReserved(name);
     const retired = this.retired[`a:${name}`] ?? 0.0;
     if (!st) return (this.spentReports[name] ?? 0) * proto.epsFirst + retired;
-    return L(proto, st.count()) + retired;
+    return L(proto, proto.memoizedCount(st)) + retired;
   }
 
   slots(name) {
     const st = this.states[name];
     const s = this.memoSlots[name] ?? 0;
-    return st ? Math.max(s, st.count()) : s;
+    if (!st) return s;
+    const count = this.campaign.attribute(name).protocol.memoizedCount(st); // Infinity: no tag table (refused)
+    return count === Infinity ? s : Math.max(s, count);
   }
 
   attrReserved(name) {
@@ -508,7 +523,7 @@ export class Ledger {
     this.own(attribute);
     this.usable(`a:${attribute}`);
     const st = this.states[attribute];
-    return st ? st.count() : 0;
+    return st ? this.campaign.attribute(attribute).protocol.memoizedCount(st) : 0;
   }
 
   /** The value the last report of a memoizing attribute randomized (what it freezes on), or null. */
@@ -523,9 +538,9 @@ export class Ledger {
     this.usable(`a:${attribute}`);
     const st = this.states[attribute];
     if (!st) return false;
-    const count = st.count();
-    const slots = this.slots(attribute);
     const proto = this.campaign.attribute(attribute).protocol;
+    const count = proto.memoizedCount(st);
+    const slots = this.slots(attribute);
     if (count >= proto.memoSize) return false;
     const grow = this.slotCost(attribute, slots);
     if (count >= slots && (grow === null || !this.fits(this.reserved(), grow))) return true;
@@ -611,7 +626,11 @@ export class Ledger {
   }
 
   randomizeMemoized(attribute, proto, st, v, reserved) {
-    const count = st.count();
+    if (proto.memoizedCount(st) === Infinity) { // no tag table (an earlier release's slot bitset): refused
+      throw new DeviceStateError(`the memo state of '${attribute}' cannot be accounted (it is no ${proto.name} memo tag `
+        + `table: a memo state of an earlier release); nothing was sent. reset('${attribute}', { acceptPrivacyLoss: true }) starts it anew with its loss counted`);
+    }
+    const count = proto.memoizedCount(st);
     const slots = this.slots(attribute);
     // 1. reserve one more memo slot: decided on the schedule alone
     const grow = this.slotCost(attribute, slots);
@@ -626,12 +645,15 @@ export class Ledger {
     // the ledger's last value: an index, a measurement, or an open-domain attribute's memoized report (TreeHist:
     // never the value or its id, which a BigInt could not even write; frozen reports are drawn from it)
     const lastV = opened ? bytesToHex(proto.memoizedOutput(v, trial)) : v;
-    if (trial.count() === count) { // already memoized: its PRR is reused, nothing spent
+    if (proto.memoizedCount(trial) === count) { // already memoized: its PRR is reused, nothing spent
       this.saveBudget({ slots: newSlots, last: { ...this.lastValues, [attribute]: lastV }, keyed });
       return report;
     }
     const newCost = L(proto, count + 1) - L(proto, count);
     if (count < newSlots[attribute] && this.fits(this.loss(), newCost)) {
+      if (proto.memoizedCount(trial) === Infinity) { // a new value the memo table cannot account for: refused
+        throw new MemoTableFull(attribute, proto.memoTags ?? proto.memoSize);
+      }
       this.saveBudget({ slots: newSlots, keyed }); // reserve first: a crash may over-count only
       this.saveMemo(attribute, trial);
       this.states[attribute] = trial;
@@ -650,7 +672,7 @@ export class Ledger {
     }
     trial = st.copy();
     report = proto.randomize(last, { keys: this.keys, state: trial });
-    if (trial.count() !== count) throw new DeviceStateError(`the last value of '${attribute}' in the ledger is not memoized: the state is inconsistent`);
+    if (proto.memoizedCount(trial) !== count) throw new DeviceStateError(`the last value of '${attribute}' in the ledger is not memoized: the state is inconsistent`);
     this.saveBudget({ slots: newSlots, keyed });
     return report;
   }

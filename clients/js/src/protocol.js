@@ -83,6 +83,12 @@ export class Protocol {
     return this.longitudinalLoss(Math.max(this.memoSize, 2));
   }
 
+  /** Distinct memoized inputs of `state` (the argument of longitudinalLoss): its marked cells; TreeHist counts its
+   * tag table (Infinity once it overflowed). */
+  memoizedCount(state) {
+    return state.count();
+  }
+
   /** Bytes of one report (the element size times the elements of the report shape). */
   get reportNbytes() {
     return this.reportItemsize * this.reportShape.reduce((a, b) => a * b, 1);

@@ -3,7 +3,7 @@
 // hash row per report, GRR over g = round(e^eps + 1) buckets.
 //
 // Levels: l_i = min(bits, start_bits + (i + 1) step), L = ceil((bits - start_bits) / step). Public seeds:
-// rowSeeds(seed, L R + 1): level l, row j hashes with seeds[l R + j]; the last places a memoized input in a memo
+// rowSeeds(seed, L R + 1): level l, row j hashes with seeds[l R + j]; the last is unused (it placed a memoized input in a memo
 // slot. Report: 5 bytes, the level (uint8), the row (uint16 LE), the bucket (uint16 LE).
 // Draws (uniform integers by rejection against rejectionLimit; keep decisions (z >> 11) < T, T a 53-bit threshold:
 // T1 the largest integer with T1 (g - 1) / (2^53 - T1) <= e^eps, T2 = floor(p2 2^53), 2^53 without IRR):
@@ -12,7 +12,13 @@
 //   with a memo state (key K): the level for life is the first accepted of words 0..7 of (K, "THVL", 0) (word 7 if
 //     all are rejected) mod L; a = the smallest id of the device's level prefix; row, keep?, other bucket are words
 //     0, 1, 2 of (K, PRR, a) (rejections: words 3, 4, ..): the first GRR is memoized per prefix; the IRR from words
-//     4 and 5 of the noise slot (a noise key is drawn for every report); the memo slot h_{seeds[L R]}(a) is marked.
+//     4 and 5 of the noise slot (a noise key is drawn for every report).
+// Memo accounting (the reference's tag table, byte for byte): the state's memo_slots bits (a multiple of 64) are
+// T = memo_slots / 64 little-endian uint64 tags. The tag of a is word 0 of (K, "THTG", a) with its low bit set (the
+// all-ones word replaced by 0xFF..FD), inserted by linear probing from slot tag mod T: found, a repeat (no new loss);
+// else the first empty slot, one eps_inf. A full table meeting a new prefix writes the all-ones sentinel in slot 0:
+// memoizedCount is then Infinity (the device refuses such a value instead: MemoTableFull); so is a state holding a
+// nonzero word with its low bit clear (no tag table: an earlier release's slot bitset; the device refuses it).
 import { NoiseDraws, Stream, DOMAINS } from './chacha.js';
 import { expRatio, floorDiv, lnRatio } from './bigmath.js';
 import { olhG } from './hashing.js';
@@ -21,6 +27,8 @@ import { OpenDomainProtocol, M64, rejectionLimit, rowSeeds, sketchHash, valueId 
 import { LDPError, checkEps } from './util.js';
 
 export const LEVEL = 0x4c564854; // "THVL": a TreeHist device's fixed level, a = 0
+export const TAG = 0x47544854; // "THTG": the memo tag of a memoized prefix, a = the prefix's smallest id
+export const OVERFLOW = (1n << 64n) - 1n; // slot 0 of an overflowed tag table
 export const SLOT = 6;
 export const REPORT_BYTES = 5;
 const TWO53 = 1n << 53n;
@@ -92,7 +100,9 @@ export class TreeHist extends OpenDomainProtocol {
     if (big < 0n || big > M64) throw new LDPError(`TreeHist: seed must be an integer in [0, 2^64), got ${big}`);
     this.seed = big;
     integer('memo_slots', memo_slots);
-    if (memo_slots < 1) throw new LDPError(`TreeHist: memo_slots must be a positive integer, got ${memo_slots}`);
+    if (memo_slots < 64 || memo_slots % 64 !== 0) {
+      throw new LDPError(`TreeHist: memo_slots must be a positive multiple of 64 (bits of memo state: memo_slots / 64 tags of 64 bits), got ${memo_slots}`);
+    }
     this.memoSlots = memo_slots;
     this.g = olhG(this.eps);
     if (this.g > 65536) throw new LDPError(`TreeHist: eps = ${this.eps} needs g = ${this.g} > 2^16 buckets`);
@@ -135,8 +145,59 @@ export class TreeHist extends OpenDomainProtocol {
 
   get memoSize() { return this.memoSlots; }
 
-  /** One eps_inf per marked memo slot. */
+  /** One eps_inf per distinct memoized prefix (Infinity for an overflowed table). */
   longitudinalLoss(m) { return m * this.epsInf; }
+
+  /** Tags in the device's table: at most this many distinct memoized prefixes are accounted. */
+  get memoTags() { return this.memoSlots / 64; }
+
+  static getTag(seen, s) {
+    let t = 0n;
+    for (let b = 7; b >= 0; b--) t = (t << 8n) | BigInt(seen[8 * s + b]);
+    return t;
+  }
+
+  static setTag(seen, s, t) {
+    for (let b = 0; b < 8; b++) seen[8 * s + b] = Number((t >> BigInt(8 * b)) & 0xffn);
+  }
+
+  /** Distinct memoized prefixes: the nonzero tags of the table; Infinity once it overflowed, or when a nonzero word
+   * has its low bit clear (no tag table: the slot bitset of an earlier release). */
+  memoizedCount(state) {
+    if (TreeHist.getTag(state.seen, 0) === OVERFLOW) return Infinity;
+    let c = 0;
+    for (let s = 0; s < this.memoTags; s++) {
+      const t = TreeHist.getTag(state.seen, s);
+      if (t !== 0n && (t & 1n) === 0n) return Infinity;
+      if (t !== 0n) c++;
+    }
+    return c;
+  }
+
+  /** The tag of the memoized input a: word 0 of (K, TAG, a), low bit set, never all ones. */
+  memoTag(a, state) {
+    const t = new Stream(state.key, TAG, a, 8).word(0) | 1n;
+    return t === OVERFLOW ? OVERFLOW ^ 2n : t;
+  }
+
+  /** Insert a's tag (module comment): 1 new, 0 a repeat, -1 an overflowed table. */
+  markTag(a, state) {
+    const T = this.memoTags;
+    if (TreeHist.getTag(state.seen, 0) === OVERFLOW) return -1;
+    const t = this.memoTag(a, state);
+    const h = Number(t % BigInt(T));
+    for (let k = 0; k < T; k++) {
+      const s = (h + k) % T;
+      const c = TreeHist.getTag(state.seen, s);
+      if (c === t) return 0;
+      if (c === 0n) {
+        TreeHist.setTag(state.seen, s, t);
+        return 1;
+      }
+    }
+    TreeHist.setTag(state.seen, 0, OVERFLOW);
+    return -1;
+  }
 
   get worstCaseLoss() { return this.longitudinalLoss(this.memoSlots); }
 
@@ -167,15 +228,13 @@ export class TreeHist extends OpenDomainProtocol {
     return (BigInt(id) >> shift) << shift;
   }
 
-  memoSlot(a) { return sketchHash(a, this.memoSeed, this.memoSlots); }
-
   grr(x, keep, other, t53, draw, j) {
     if ((keep >> 11n) < t53) return [x, j];
     const [o, j2] = uniform(other, this.limG, this.g - 1, draw, j);
     return [o >= x ? o + 1 : o, j2];
   }
 
-  /** One report: with `state` the memoized PRR (and the IRR with eps_1), marking the memo slot; without it fresh
+  /** One report: with `state` the memoized PRR (and the IRR with eps_1), inserting its memo tag; without it fresh
    * noise only. A noise key is drawn for every report. */
   randomize(v, { keys, state = null }) {
     const id = this.checkValue(v);
@@ -236,7 +295,7 @@ export class TreeHist extends OpenDomainProtocol {
     let y;
     if (state) {
       [y, jp] = this.grr(x, prr.word(1), prr.word(2), this.t1, (i) => prr.word(i), jp);
-      if (fresh) state.mark(this.memoSlot(a));
+      if (fresh) this.markTag(a, state);
     } else {
       [y, jn] = this.grr(x, nd.word(2), nd.word(3), this.t1, nw, jn);
     }

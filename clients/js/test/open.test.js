@@ -6,7 +6,8 @@ import assert from 'node:assert/strict';
 import { bytesToHex, keyTape } from '../src/chacha.js';
 import { Campaign, CampaignError } from '../src/campaign.js';
 import { Device } from '../src/device.js';
-import { BudgetExceeded } from '../src/ledger.js';
+import { BudgetExceeded, DeviceStateError, MemoTableFull } from '../src/ledger.js';
+import { TreeHist } from '../src/treehist.js';
 import { OPEN_PROTOCOLS, fromParams, makeOpen } from '../src/registry.js';
 import { rowSeeds, sketchHash, spread, valueId } from '../src/sketch.js';
 import { MemoryStorage } from '../src/storage.js';
@@ -60,7 +61,7 @@ for (const c of OPEN.cases) {
   });
 
   if (c.memo_key !== undefined && c.memo_key !== null) {
-    test(`open-domain ${c.case}: a memoized device (its level, PRR, memo slots)`, () => {
+    test(`open-domain ${c.case}: a memoized device (its level, PRR, memo tags)`, () => {
       const proto = fromParams(paramsOf(c));
       const state = proto.newState(keyTape([c.memo_key]));
       assert.equal(proto.deviceLevel(state), c.derived.level);
@@ -69,7 +70,10 @@ for (const c of OPEN.cases) {
         const tape = keyTape(step.keys);
         assert.equal(bytesToHex(proto.randomizeValue(value, { keys: tape, state })), step.report, `step ${i}`);
         assert.equal(tape.left, 0);
-        assert.deepEqual(state.cells(), step.memoized, `step ${i}: memo cells`);
+        const tags = Array.from({ length: proto.memoTags }, (_, t) => hex64(TreeHist.getTag(state.seen, t)));
+        assert.deepEqual(tags, step.memoized, `step ${i}: memo tag table`);
+        const count = proto.memoizedCount(state);
+        assert.equal(count === Infinity ? 'inf' : count, step.memoized_count, `step ${i}: memoized prefixes`);
         assert.equal(bytesToHex(proto.memoizedOutput(valueId(value), state)), step.prr, `step ${i}: PRR`);
         assert.equal(hex64(proto.memoInput(valueId(value), state)), step.memo_input);
       });
@@ -93,7 +97,7 @@ for (const c of OPEN.cases) {
     const mine = { T: () => proto.T, q: () => proto.q, support_size: () => proto.supportSize,
       row_seeds: () => proto.seeds.map(hex64), rejection_limit: () => hex64(proto.limit), g: () => proto.g,
       t1: () => Number(proto.t1), t2: () => Number(proto.t2), prefix_bits: () => proto.prefixBits,
-      memo_seed: () => hex64(proto.memoSeed) };
+      memo_seed: () => hex64(proto.memoSeed), memo_tags: () => proto.memoTags };
     for (const [name, want] of Object.entries(d)) {
       if (name in mine) assert.deepEqual(mine[name](), want, name); // the protocol's own figures (CMS, HCMS: all)
     }
@@ -156,12 +160,12 @@ test('device: a string or a u64 is hashed on the device, reported, and never sto
 const TREEHIST = {
   campaign: { id: 'treehist-test' },
   attributes: [
-    { name: 'url', type: 'string', protocol: 'TreeHist', eps: 2.0, rows: 16, memo_slots: 64 },
+    { name: 'url', type: 'string', protocol: 'TreeHist', eps: 2.0, rows: 16, memo_slots: 256 },
     { name: 'pid', type: 'u64', protocol: 'TreeHist', eps: 2.0, eps_1: 1.0, bits: 64, step: 16, start_bits: 0, rows: 8 },
   ],
 };
 
-test('TreeHist device: memoized across restarts, one eps_inf per new memo slot, frozen, no value stored', () => {
+test('TreeHist device: memoized across restarts, one eps_inf per new prefix, frozen, no value stored', () => {
   const c = Campaign.fromJSON(TREEHIST);
   const url = c.attribute('url').protocol;
   assert.equal(url.seed, valueId('url'));
@@ -205,4 +209,46 @@ test('TreeHist device: memoized across restarts, one eps_inf per new memo slot, 
     const want = bytesToHex(pid.randomize(v, { keys: keyTape([k]), state: st.copy() }));
     assert.equal(bytesToHex(pid.fromMemoized(pid.memoizedOutput(v, st), keyTape([k]))), want);
   }
+});
+
+test('TreeHist device: one eps_inf per distinct prefix (tags, not slots), kept across restarts, a full table refuses', () => {
+  // one tag (memo_slots = 64): the first prefix is charged once however often it repeats; a second is refused
+  const small = { campaign: { id: 'treehist-tags' },
+    attributes: [{ name: 'u', type: 'u64', protocol: 'TreeHist', eps: 2.0, bits: 64, step: 16, start_bits: 0, rows: 4,
+      memo_slots: 64 }] };
+  const proto = Campaign.fromJSON(small).attribute('u').protocol;
+  assert.equal(proto.memoTags, 1);
+  const storage = new MemoryStorage();
+  let dev = new Device(small, storage, { budgetEps: null });
+  for (let i = 0; i < 3; i++) dev.randomize('u', 0n);
+  assert.equal(dev.memoizedCount('u'), 1);
+  assert.ok(close(dev.privacyLoss('u'), proto.epsInf));
+  dev = new Device(small, storage, { budgetEps: null }); // restarted: the tag restored, the repeat still free
+  dev.randomize('u', 0n);
+  assert.equal(dev.memoizedCount('u'), 1);
+  assert.throws(() => dev.randomize('u', (1n << 64n) - 1n), MemoTableFull); // another prefix at every level
+  assert.equal(dev.memoizedCount('u'), 1);
+  assert.ok(close(dev.privacyLoss('u'), proto.epsInf));
+  // the library level: a full table meeting a new prefix overflows (Infinity), a repeat does not
+  const st = proto.newState(keyTape([bytesToHex(new Uint8Array(32).fill(3))]));
+  assert.equal(proto.markTag(5n, st), 1);
+  assert.equal(proto.markTag(5n, st), 0);
+  assert.equal(proto.memoizedCount(st), 1);
+  assert.equal(proto.markTag(6n, st), -1);
+  assert.equal(proto.memoizedCount(st), Infinity);
+  assert.equal(proto.longitudinalLoss(proto.memoizedCount(st)), Infinity);
+  // a memo state of an earlier release (slot bits: a word with its low bit clear) is refused until reset
+  const legacy = proto.newState(keyTape([bytesToHex(new Uint8Array(32).fill(4))]));
+  legacy.seen[2] = 0x10;
+  assert.equal(proto.memoizedCount(legacy), Infinity);
+  const key = [...storage.map.keys()].find((k) => k.includes('u') && k.includes('memo'));
+  assert.ok(key, `no memo entry in ${[...storage.map.keys()]}`);
+  const obj = JSON.parse(storage.map.get(key));
+  obj.cells = [20];
+  storage.map.set(key, JSON.stringify(obj));
+  dev = new Device(small, storage, { budgetEps: null });
+  assert.throws(() => dev.randomize('u', 0n), DeviceStateError);
+  dev.reset('u', { acceptPrivacyLoss: true });
+  dev.randomize('u', 0n);
+  assert.equal(dev.memoizedCount('u'), 1);
 });

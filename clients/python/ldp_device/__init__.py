@@ -21,7 +21,7 @@ from .campaign import Attribute, Campaign, Group, step_at
 from .codec import encode_payload, single_report
 from .device import Device
 from .errors import (BudgetExceeded, CampaignError, DeviceStateError, InfeasibleParameters, IngestError,
-                     InvalidState, LDPError)
+                     InvalidState, LDPError, MemoTableFull)
 from .ledger import budget_plan
 from .numeric import NumericMechanism
 from .registry import MECHANISMS, OPEN_PROTOCOLS, PROTOCOLS, from_params, make, make_numeric, make_open
@@ -36,4 +36,4 @@ __all__ = ["Device", "Campaign", "Attribute", "Group", "step_at", "budget_plan",
            "sketch_hash", "row_seeds", "make_solution", "SOLUTIONS", "Solution", "Protocol",
            "MemoState", "MultiState", "encode_payload", "single_report", "key_tape", "os_key", "LDPError",
            "InfeasibleParameters", "InvalidState", "CampaignError", "BudgetExceeded", "DeviceStateError", "IngestError",
-           "__version__"]
+           "MemoTableFull", "__version__"]

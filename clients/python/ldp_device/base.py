@@ -133,6 +133,11 @@ class Protocol:
         """ε after memoizing ``memoized`` inputs; single-shot: 0, ε1, then ``inf`` (no memo)."""
         return 0.0 if memoized <= 0 else float(self.eps_first) if memoized == 1 else math.inf
 
+    def memoized_count(self, state: "MemoState") -> int | float:
+        """Distinct memoized inputs of ``state`` (the argument of :meth:`longitudinal_loss`): its marked cells;
+        TreeHist counts its tag table (``inf`` once it overflowed)."""
+        return state.count()
+
     @property
     def worst_case_loss(self) -> float:
         return float(self.longitudinal_loss(max(self.memo_size, 2)))

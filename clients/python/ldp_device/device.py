@@ -39,6 +39,7 @@ import base64
 import hashlib
 import json
 import operator
+import math
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -47,7 +48,7 @@ from typing import Any
 from .base import MemoState, Protocol
 from .campaign import Campaign, Group, step_at
 from .codec import check_step, encode_compact, encode_payload, single_report
-from .errors import BudgetExceeded, CampaignError, DeviceStateError, IngestError, InvalidState, LDPError
+from .errors import BudgetExceeded, CampaignError, DeviceStateError, IngestError, InvalidState, LDPError, MemoTableFull
 from .ledger import LEDGER_KEYS, TOL, Ledger, budget_plan
 from .numeric import NumericMechanism, numeric_value
 from .solutions import MultiState
@@ -446,7 +447,7 @@ class Device:
             self._refresh()
             self._usable(f"a:{attribute}")
         st = self.ledger.states[attribute]
-        return 0 if st is None else st.count()
+        return 0 if st is None else self.campaign.attribute(attribute).protocol.memoized_count(st)
 
     def last_value(self, attribute: str) -> int | float | None:
         """The value the last report of a memoizing attribute randomized (what it freezes on): an index, or the
@@ -467,8 +468,8 @@ class Device:
         st = led.states[attribute]
         if st is None:
             return False
-        count, slots = st.count(), led.slots(attribute)
         proto = self.campaign.attribute(attribute).protocol
+        count, slots = proto.memoized_count(st), led.slots(attribute)
         if count >= proto.memo_size:
             return False
         grow = led.slot_cost(attribute, slots)
@@ -605,7 +606,12 @@ class Device:
     def _randomize_memoized(self, attribute: str, proto: Protocol, st: MemoState, v: int | float,
                             reserved: float) -> bytes:
         led = self.ledger
-        count, slots = st.count(), led.slots(attribute)
+        if math.isinf(proto.memoized_count(st)):  # no tag table (an earlier release's slot bitset): refused
+            raise DeviceStateError(
+                f"the memo state of {attribute!r} in {self._memo_path(attribute)} cannot be accounted (it is no "
+                f"{proto.name} memo tag table: a memo state of an earlier release); nothing was sent. "
+                f"Device.reset({attribute!r}, accept_privacy_loss=True) starts it anew with its loss counted")
+        count, slots = proto.memoized_count(st), led.slots(attribute)
         # 1. reserve one more memo slot: decided on the schedule alone
         grow = led.slot_cost(attribute, slots)
         can_grow = grow is not None and led.fits(reserved, grow)
@@ -621,11 +627,13 @@ class Device:
         # the ledger's last value: an index, a measurement, or an open-domain attribute's memoized report (TreeHist:
         # never the value or its id; its frozen reports are drawn from it, as producers/sdk.py's)
         last_v: int | float | str = proto.memoized_output(v, trial).hex() if opened else v
-        if trial.count() == count:  # already memoized: its PRR is reused, nothing spent
+        if proto.memoized_count(trial) == count:  # already memoized: its PRR is reused, nothing spent
             self._save_budget(slots=new_slots, last=dict(led.last_values, **{attribute: last_v}), keyed=keyed)
             return report
         new_cost = float(proto.longitudinal_loss(count + 1)) - float(proto.longitudinal_loss(count))
         if count < new_slots[attribute] and led.fits(led.loss(), new_cost):
+            if math.isinf(proto.memoized_count(trial)):  # a new value the memo table cannot account for: refused
+                raise MemoTableFull(attribute, getattr(proto, "memo_tags", proto.memo_size))
             self._save_budget(slots=new_slots, keyed=keyed)  # reserve first: a crash may over-count only
             self._save_memo(attribute, trial)
             led.states[attribute] = trial
@@ -643,7 +651,7 @@ class Device:
             return report
         trial = st.copy()
         report = proto.randomize(last, os_key, trial)
-        if trial.count() != count:
+        if proto.memoized_count(trial) != count:
             raise DeviceStateError(f"the last value of {attribute!r} in {self._budget_path} is not memoized "
                                    f"in {self._memo_path(attribute)}: the state directory is inconsistent")
         self._save_budget(slots=new_slots, keyed=keyed)

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 __all__ = ["LDPError", "InfeasibleParameters", "InvalidState", "CampaignError", "BudgetExceeded", "DeviceStateError",
-           "IngestError"]
+           "IngestError", "MemoTableFull"]
 
 
 class LDPError(ValueError):
@@ -38,6 +38,18 @@ class BudgetExceeded(LDPError):
 class DeviceStateError(LDPError):
     """A state directory (or one attribute's state in it) that does not belong to this campaign, is missing or
     cannot be read: the device refuses to report what it cannot account for."""
+
+
+class MemoTableFull(LDPError):
+    """A memoizing attribute met a new value while its memo table is full (TreeHist: ``memo_slots / 64`` tags): the
+    loss of a new memoized value could not be accounted, so the value is refused; nothing was memoized or sent."""
+
+    def __init__(self, attribute: str, capacity: int) -> None:
+        super().__init__(f"the memo table of {attribute!r} is full: it holds {capacity} distinct memoized values "
+                         "and a new one could not be accounted for, so it is refused (nothing was memoized or "
+                         "sent; values already memoized still report; a campaign with a larger memo_slots, or "
+                         "Device.reset with accept_privacy_loss=True, makes room)")
+        self.attribute, self.capacity = attribute, capacity
 
 
 class IngestError(LDPError):

@@ -165,7 +165,10 @@ class Ledger:
     def slots(self, name: str) -> int:
         """Memo slots of a memoizing attribute (at least its memoized count)."""
         st = self.states.get(name)
-        return self.memo_slots.get(name, 0) if st is None else max(self.memo_slots.get(name, 0), st.count())
+        if st is None:
+            return self.memo_slots.get(name, 0)
+        count = self.campaign.attribute(name).protocol.memoized_count(st)  # inf: no tag table (refused)
+        return self.memo_slots.get(name, 0) if math.isinf(count) else max(self.memo_slots.get(name, 0), count)
 
     def slot_cost(self, name: str, slots: int) -> float | None:
         """Reserved loss one more memo slot adds (``None``: the attribute has all its slots)."""
@@ -226,7 +229,7 @@ class Ledger:
         retired = self.retired.get(f"a:{name}", 0.0)
         if st is None:
             return self.spent_reports.get(name, 0) * float(proto.eps_first) + retired
-        return float(proto.longitudinal_loss(st.count())) + retired
+        return float(proto.longitudinal_loss(proto.memoized_count(st))) + retired
 
     def group_loss(self, group: str) -> float:
         sol = self.campaign.groups[group].solution

@@ -3,8 +3,9 @@ byte for byte): heavy hitters over the top ``bits`` bits of 64-bit value ids, on
 device, a public hash row per report, GRR over ``g = round(e^ε + 1)`` buckets.
 
 Levels: ``ℓ_l = min(bits, start_bits + (l + 1) step)``, ``L = ceil((bits - start_bits) / step)``. Public row seeds:
-``row_seeds(seed, L R + 1)``: level ``l``, row ``j`` hashes with ``seeds[l R + j]``, the last one places a memoized
-input in a memo slot. A report is 5 bytes: the level (uint8), the row (uint16 LE), the bucket (uint16 LE).
+``row_seeds(seed, L R + 1)``: level ``l``, row ``j`` hashes with ``seeds[l R + j]``, the last one is unused (it
+placed a memoized input in a memo slot before the tag tables). A report is 5 bytes: the level (uint8), the row
+(uint16 LE), the bucket (uint16 LE).
 
 Draws (every uniform integer by rejection against ``rejection_limit``; every keep decision ``z >> 11 < T``, ``T`` a
 53-bit threshold: ``T1`` the largest integer with ``T1 (g - 1) / (2^53 - T1) <= e^ε``, ``T2 = floor(p2 2^53)`` of
@@ -17,7 +18,15 @@ the IRR's calibrated ``p2``, ``2^53`` without IRR):
   ``(K, "THVL", 0)`` (word 7 if all are rejected) mod ``L``; ``a`` is the smallest id of the device's level prefix;
   the row, keep? and other bucket are words 0, 1, 2 of ``(K, PRR, a)`` (rejections: its words 3, 4, ..), so the
   first GRR is memoized per prefix; the IRR uses words 4 and 5 of the noise slot (a noise key is drawn for every
-  report). The memo slot ``h_{seeds[L R]}(a) mod memo_slots`` is marked: one ε∞ per marked slot.
+  report).
+
+Memo accounting (the reference's tag table, byte for byte): the state's ``memo_slots`` bits (a multiple of 64) are
+``T = memo_slots / 64`` little-endian uint64 tags. The tag of ``a`` is word 0 of ``(K, "THTG", a)`` with its low
+bit set (the all-ones word replaced by ``0xFF..FD``), inserted by linear probing from slot ``tag mod T``: found, a
+repeat (no new loss); else the first empty slot, one ε∞. A full table meeting a new prefix writes the all-ones
+sentinel in slot 0: :meth:`TreeHist.memoized_count` is then ``inf`` (the device refuses such a value instead:
+``MemoTableFull``); so is a state holding a nonzero word with its low bit clear (no tag table: the slot bitset of an
+earlier release, which the device refuses to report with until the attribute is reset).
 """
 from __future__ import annotations
 
@@ -34,6 +43,8 @@ from .streams import PRR, KeySource, NoiseDraws, Stream, os_key
 __all__ = ["TreeHist", "LEVEL", "SLOT", "REPORT_BYTES", "grr_threshold53", "level_schedule"]
 
 LEVEL = 0x4C564854   # "THVL": a TreeHist device's fixed level, a = 0
+TAG = 0x47544854     # "THTG": the memo tag of a memoized prefix, a = the prefix's smallest id
+OVERFLOW = (1 << 64) - 1  # slot 0 of an overflowed tag table
 SLOT = 6             # noise words per report
 REPORT_BYTES = 5
 TWO53 = 1 << 53
@@ -106,8 +117,9 @@ class TreeHist(OpenDomainProtocol):
         if not 0 <= self.seed <= M64:
             raise LDPError(f"TreeHist: seed must be an integer in [0, 2^64), got {seed}")
         self.memo_slots = _integer("memo_slots", memo_slots)
-        if self.memo_slots < 1:
-            raise LDPError(f"TreeHist: memo_slots must be a positive integer, got {memo_slots}")
+        if self.memo_slots < 64 or self.memo_slots % 64:
+            raise LDPError(f"TreeHist: memo_slots must be a positive multiple of 64 (bits of memo state: "
+                           f"memo_slots / 64 tags of 64 bits), got {memo_slots}")
         self.g = olh_g(self.eps)
         if self.g > 1 << 16:
             raise LDPError(f"TreeHist: ε = {self.eps:g} needs g = {self.g} > 2^16 buckets")
@@ -149,9 +161,48 @@ class TreeHist(OpenDomainProtocol):
     def memo_size(self) -> int:
         return self.memo_slots
 
-    def longitudinal_loss(self, memoized: int) -> float:
-        """One ε∞ per marked memo slot."""
+    @property
+    def memo_tags(self) -> int:
+        """Tags in the device's table: at most this many distinct memoized prefixes are accounted."""
+        return self.memo_slots // 64
+
+    def longitudinal_loss(self, memoized: int | float) -> float:
+        """One ε∞ per distinct memoized prefix (``inf`` for an overflowed table)."""
         return memoized * self.eps_inf
+
+    def _tags(self, state: MemoState) -> list[int]:
+        return [int.from_bytes(state.seen[8 * s:8 * s + 8], "little") for s in range(self.memo_tags)]
+
+    def memoized_count(self, state: MemoState) -> int | float:
+        """Distinct memoized prefixes: the nonzero tags of the table; ``inf`` once it overflowed, or when a nonzero
+        word has its low bit clear (no tag table: the slot bitset of an earlier release)."""
+        tags = self._tags(state)
+        if (tags and tags[0] == OVERFLOW) or any(t and not t & 1 for t in tags):
+            return math.inf
+        return sum(1 for t in tags if t)
+
+    def memo_tag(self, a: int, state: MemoState) -> int:
+        """The tag of the memoized input ``a``: word 0 of ``(K, TAG, a)``, low bit set, never all ones."""
+        t = Stream(state.key, TAG, a, 8).word(0) | 1
+        return OVERFLOW ^ 2 if t == OVERFLOW else t
+
+    def mark_tag(self, a: int, state: MemoState) -> int:
+        """Insert ``a``'s tag (module doc): 1 new, 0 a repeat, -1 an overflowed table."""
+        T = self.memo_tags
+        if int.from_bytes(state.seen[0:8], "little") == OVERFLOW:
+            return -1
+        t = self.memo_tag(a, state)
+        h = t % T
+        for k in range(T):
+            s = (h + k) % T
+            c = int.from_bytes(state.seen[8 * s:8 * s + 8], "little")
+            if c == t:
+                return 0
+            if c == 0:
+                state.seen[8 * s:8 * s + 8] = t.to_bytes(8, "little")
+                return 1
+        state.seen[0:8] = OVERFLOW.to_bytes(8, "little")
+        return -1
 
     @property
     def worst_case_loss(self) -> float:
@@ -186,9 +237,6 @@ class TreeHist(OpenDomainProtocol):
         shift = 64 - self.prefix_bits[self.device_level(state)]
         return (vid >> shift) << shift
 
-    def memo_slot(self, a: int) -> int:
-        return sketch_hash(a, self.memo_seed, self.memo_slots)
-
     @staticmethod
     def _uniform(z: int, limit: int, m: int, draw, j: int) -> tuple[int, int]:
         while z > limit:
@@ -203,7 +251,7 @@ class TreeHist(OpenDomainProtocol):
         return o + (o >= x), j
 
     def randomize(self, value: int, draw_key: KeySource = os_key, state: MemoState | None = None) -> bytes:
-        """One report: with ``state`` the memoized PRR (and the IRR with ``eps_1``), marking the memo slot; without
+        """One report: with ``state`` the memoized PRR (and the IRR with ``eps_1``), inserting its memo tag; without
         it fresh noise only (a uniform level). A noise key is drawn for every report."""
         v = self.check_value(value)
         if state is not None:
@@ -255,7 +303,7 @@ class TreeHist(OpenDomainProtocol):
         if state is not None:
             y, jp = self._grr(x, prr.word(1), prr.word(2), self.t1, prr.word, jp)
             if fresh:
-                state.mark(self.memo_slot(a))
+                self.mark_tag(a, state)
         else:
             assert nd is not None
             y, jn = self._grr(x, nd.word(2), nd.word(3), self.t1, nd.word, jn)
