@@ -123,15 +123,17 @@ def test_memoized_reports_and_loss():
         np.testing.assert_array_equal(x, w)
     sizes = np.bincount(pem.device_groups(st), minlength=pem.groups)
     assert sizes.tolist() == [r.shape[0] for r in a.levels] and sizes.min() > 0.18 * n
-    assert st.memoized_count().tolist() == [1] * n
-    acc = PEM(20, 4.0, 5, memo_slots=1 << 16)             # 500 devices: slot collisions have probability 2^-16 each
+    assert pem.memoized_counts(st).tolist() == [1] * n
+    acc = PEM(20, 4.0, 5, memo_slots=128)                 # a table of 2 tags: exact, whatever the prefixes
     st2 = acc.new_state(500, np.random.default_rng(3))
     acc.randomize(items[:500], state=st2)
     acc.randomize(items[:500], state=st2)                 # the same value again: nothing new
-    assert st2.memoized_count().tolist() == [1] * 500
+    assert acc.memoized_counts(st2).tolist() == [1] * 500
     acc.randomize(items[:500] ^ (1 << 19), state=st2)     # another top bit: a new prefix at every level
-    assert st2.memoized_count().tolist() == [2] * 500
-    np.testing.assert_allclose(acc.longitudinal_loss(st2.memoized_count()), 2 * acc.eps_inf)
+    assert acc.memoized_counts(st2).tolist() == [2] * 500
+    np.testing.assert_allclose(acc.longitudinal_loss(acc.memoized_counts(st2)), 2 * acc.eps_inf)
+    acc.randomize(items[:500] ^ (1 << 18), state=st2)     # a third prefix: the table is full, the loss unaccountable
+    assert np.isinf(acc.longitudinal_loss(acc.memoized_counts(st2))).all()
     assert pem.eps_inf == pytest.approx(4.0)
     same = pem.randomize(np.full(n, 7), state=pem.new_state(n, np.random.default_rng(2)))
     assert len(np.unique(np.concatenate([r["seed"] for r in same.levels]))) > 0.99 * n   # devices differ
@@ -139,4 +141,6 @@ def test_memoized_reports_and_loss():
     np.testing.assert_array_equal(np.sort(res.items), np.sort(PLANTED))
     with pytest.raises(Exception):
         pem.randomize(items, state=PEM(20, 4.0, 6).new_state(n))     # another configuration's state
-    assert pem.params()["protocol"] == "PEM" and pem.fingerprint != PEM(20, 4.0, 5, memo_slots=8).fingerprint
+    assert pem.params()["protocol"] == "PEM" and pem.fingerprint != PEM(20, 4.0, 5, memo_slots=64).fingerprint
+    with pytest.raises(LDPError, match="multiple of 64"):
+        PEM(20, 4.0, 5, memo_slots=100)

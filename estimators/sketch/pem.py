@@ -26,8 +26,10 @@ reports estimates the population frequency because groups are a uniform split.
 fixed for life by a keyed PRF of its memo key, and its OLH report (hash seed and GRR bucket) of its group prefix is
 drawn from the stream ``(key, PRR, prefix)`` (:func:`.pem_kernels.memo_olh`): a value that does not change gives
 the same report forever, the PRR rule of the frequency protocols. The accounting is RAPPOR's (:mod:`.rappor`):
-``memo_slots`` bits per device, the prefix marking one slot; :meth:`PEM.longitudinal_loss` charges ε∞ (OLH's
-ε) per marked slot.
+``memo_slots`` bits per device (a multiple of 64), read as a table of ``memo_slots / 64`` keyed 64-bit tags of
+the memoized prefixes, TreeHist's (:func:`.treehist_kernels.mark_tags`, its own stream domain): a repeated prefix is
+found, a new one costs ε∞ (OLH's ε), a full table makes the loss ``inf``; :meth:`PEM.longitudinal_loss` of
+:meth:`PEM.memoized_counts` is exact.
 
 **Intervals.** Each returned item carries ``f ± 1.96 sqrt(Var)`` with OLH's exact variance
 ``Var = γ (1 - γ) / (m (ps - qs)^2)``, ``γ = qs + f (ps - qs)`` (:meth:`estimators.base.PureProtocol.variance_exact`,
@@ -50,13 +52,13 @@ from ..errors import InvalidReports, LDPError
 from ..memo import MemoState
 from ..randomness import rejection_limit
 from ..registry import make
-from .hashing import row_seeds, sketch_hash
 from .pem_kernels import GROUP, candidate_support, memo_olh
+from .pem_kernels import TAG as PEM_TAG
+from .treehist_kernels import mark_tags, tag_counts
 from .treehist_kernels import keyed_choice
 from .prefix import default_start_bits, level_schedule, prefix_walk
 
 Z95 = 1.959963984540054  # two-sided 95 % normal quantile
-MEMO_SEED = 0x50454D  # "PEM": the public seed of the memo-accounting slot hash
 
 __all__ = ["PEM", "PEMReports", "PEMResult", "id_items", "zipf_items", "compare_with_pure_ldp", "run_pure_ldp_pem"]
 
@@ -117,10 +119,10 @@ class PEM:
         self.step, self.start_bits = int(step), int(s0)
         self.eps = float(eps)
         self.oracles = tuple(make("OLH", k=2 ** ell, eps=self.eps) for ell in self.prefix_bits)
-        if int(memo_slots) != memo_slots or memo_slots < 1:
-            raise LDPError(f"PEM: memo_slots must be a positive integer, got {memo_slots}")
+        if int(memo_slots) != memo_slots or memo_slots < 64 or memo_slots % 64:
+            raise LDPError(f"PEM: memo_slots must be a positive multiple of 64 (a table of 64-bit tags), got "
+                           f"{memo_slots}")
         self.memo_slots = int(memo_slots)
-        self.memo_seed = row_seeds(MEMO_SEED, 1)
 
     def params(self) -> dict:
         return {"protocol": "PEM", "bits": self.bits, "eps": self.eps, "k": self.k, "step": self.step,
@@ -148,6 +150,11 @@ class PEM:
         """Each device's group for life, ``int64 (n_devices,)``, from its memo key (a keyed PRF, as TreeHist's
         level)."""
         return keyed_choice(np.ascontiguousarray(state.keys), GROUP, self.groups, rejection_limit(self.groups))
+
+    def memoized_counts(self, state: MemoState) -> np.ndarray:
+        """Distinct memoized prefixes of each device, ``float64 (n_devices,)``: the nonzero tags of its table, ``inf``
+        once it overflowed (module doc)."""
+        return tag_counts(state.seen)
 
     def longitudinal_loss(self, memoized):
         """ε on a device's values after memoizing ``memoized`` distinct prefixes: one ε∞ each (RAPPOR's rule)."""
@@ -189,9 +196,11 @@ class PEM:
             rows = np.flatnonzero(grp == i)
             x = v[rows] >> (self.bits - ell)
             seeds, ys = memo_olh(np.ascontiguousarray(x), np.ascontiguousarray(state.keys[rows]), oracle.g, oracle.p)
-            if mark and rows.size:
-                slot = sketch_hash((x.astype(np.uint64) << np.uint64(64 - ell)), self.memo_seed, self.memo_slots)[:, 0]
-                np.bitwise_or.at(state.seen, (rows, slot >> 3), (1 << (slot & 7)).astype(np.uint8))
+            if mark and rows.size:  # the prefix's tag in the device's table (module doc)
+                seen = np.ascontiguousarray(state.seen[rows])
+                mark_tags(np.ascontiguousarray(state.keys[rows]), PEM_TAG,
+                          x.astype(np.uint64) << np.uint64(64 - ell), seen)
+                state.seen[rows] = seen
             r = np.empty(rows.shape[0], dtype=oracle.report_dtype)
             r["seed"], r["y"] = seeds, ys
             out.append(r)

@@ -25,6 +25,7 @@ from ..reference import lh_hash as _np_lh_hash
 _CHUNK = 1 << 12  # reports per parallel chunk
 _U32 = np.uint64(32)
 
+TAG = np.uint32(0x47544d50)     # "PMTG": the memo tag of a memoized prefix (:mod:`.pem`)
 __all__ = ["GROUP", "candidate_support", "candidate_support_np", "memo_olh", "memo_olh_np"]
 
 GROUP = np.uint32(0x50524750)  # "PGRP": a PEM device's fixed group, a = 0 (treehist_kernels.keyed_choice)
