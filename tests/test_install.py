@@ -16,6 +16,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tomllib
 import venv
 from pathlib import Path
@@ -90,10 +91,15 @@ def bare_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     env_dir = base / "venv"
     venv.EnvBuilder(with_pip=True, system_site_packages=False, clear=True).create(env_dir)
     python = env_dir / "bin" / "python"
-    # build isolation stays on (setuptools and wheel come from the configured index, as in the image)
-    # --no-compile: no .pyc files for numba, scipy ... (what is installed is checked, not how fast it imports)
-    done = subprocess.run([str(python), "-m", "pip", "install", "--disable-pip-version-check", "--no-input",
-                           "--no-compile", str(source)], capture_output=True, text=True, timeout=840)
+    # build isolation stays on (setuptools and wheel come from the configured index, as in the image); no .pyc files
+    # for numba, scipy ... (what is installed is checked, not how fast it imports). uv (the Makefile's installer, in
+    # the project's venv) resolves the same requirements as pip from the same index in a fraction of pip's time
+    # (measured 2026-11-27: 39 s of the suite with pip); pip where uv is missing
+    uv = Path(sys.executable).with_name("uv")
+    cmd = ([str(uv), "pip", "install", "--quiet", "--python", str(python), str(source)] if uv.exists() else
+           [str(python), "-m", "pip", "install", "--disable-pip-version-check", "--no-input", "--no-compile",
+            str(source)])
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=840)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return env_dir
 
