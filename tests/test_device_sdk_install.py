@@ -42,7 +42,8 @@ def device_python(tmp_path_factory) -> Path:
     venv.EnvBuilder(with_pip=True).create(path)
     python = path / "bin" / "python"
     uv = Path(sys.executable).with_name("uv")  # the Makefile's installer: pip's requirements, a fraction of its time
-    cmd = ([str(uv), "pip", "install", "--quiet", "--compile-bytecode", "--python", str(python), str(SDK)] if uv.exists() else
+    cmd = ([str(uv), "pip", "install", "--quiet", "--compile-bytecode", "--python", str(python), str(SDK)]
+           if uv.exists() else
            [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", str(SDK)])
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr

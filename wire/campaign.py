@@ -285,7 +285,8 @@ def _open_attribute(name: str, kind: str, spec: dict[str, Any], labels: tuple[st
         ok = isinstance(c, str) if kind == "string" else \
             (isinstance(c, int) and not isinstance(c, bool) and 0 <= c < 1 << 64)
         if not ok:
-            raise CampaignError(f"attribute {name!r}: candidate {c!r} is not a {'string' if kind == 'string' else 'integer in [0, 2^64)'}")
+            want = "string" if kind == "string" else "integer in [0, 2^64)"
+            raise CampaignError(f"attribute {name!r}: candidate {c!r} is not a {want}")
     if len(set(cands)) != len(cands):
         raise CampaignError(f"attribute {name!r}: a candidate is listed twice")
     spec.setdefault("seed", value_id(name))
