@@ -500,7 +500,7 @@ def register(group: typer.Typer) -> None:
             seed: SeedOption = 0,
     ) -> None:
         """Precision and recall of the top-K and MSE of the found items vs ε and n: PEM, pure-ldp's PEM, CMS and
-        HCMS over a candidate list (and TreeHist when installed), on Zipf(1.1) over 2^32 items and on the
+        HCMS over a candidate list and TreeHist, on Zipf(1.1) over 2^32 items and on the
         word frequencies of a real English text."""
         overrides: dict[str, Any] = {"workers": workers, "seed": seed, "k": k,
                                      "corpus": str(corpus) if corpus else "", "protocols": tuple(protocol or ())}
