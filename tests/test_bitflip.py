@@ -176,6 +176,83 @@ def test_empirical_mse_matches_exact_variance(d: int) -> None:
     assert est.shape[1] == proto.domain_size == B
 
 
+# ---------------------------------------------------------------- the two estimators
+@pytest.mark.parametrize("d,eps", [(1, 0.5), (1, 2.0), (8, 1.0)])
+def test_both_estimators_match_their_own_variance(d: int, eps: float) -> None:
+    """Expected-count (EDBT 2023, §2.4.4) and realized-count (Ding, Kulkarni & Yekhanin, NeurIPS
+    2017) estimates of the same 24 seeded repetitions: each empirical MSE within 15% of its own
+    exact variance (averaged over the b = 90 buckets), and their ratio as derived."""
+    proto = make(d=d, eps_inf=eps)
+    n, reps = 20_000, 24
+    values = zipf_values(K, n)
+    f = np.bincount(proto.bucket(values), minlength=B) / n
+    est = {e: np.empty((reps, B)) for e in proto.ESTIMATORS}
+    for rep in range(reps):
+        g = np.random.default_rng(2000 + rep)
+        r = proto.randomize(values, g, state=proto.new_state(n, rng=g))
+        c, m = proto.support(r), proto.sampled(r)
+        assert m.sum() == n * d and (c <= m).all()
+        est["expected"][rep] = proto.estimate(c, n)
+        est["realized"][rep] = proto.estimate(c, n, estimator="realized", sampled=m)
+    # tolerance: the MSE is a mean of reps * b (nearly independent, nearly Gaussian) squared
+    # errors, so its relative sd is about sqrt(2 / (reps b)) = 0.030: 15% is 5 sd
+    assert 4 * math.sqrt(2 / (reps * B)) < 0.15
+    mse = {}
+    for e, x in est.items():
+        var = proto.variance_exact(f, n, estimator=e)
+        mse[e] = ((x - f) ** 2).mean()
+        assert mse[e] == pytest.approx(var.mean(), rel=0.15), e
+        assert (np.abs(x.mean(axis=0) - f) < 4.5 * np.sqrt(var / reps)).all(), e  # unbiased
+    h = math.exp(eps / 2)
+    assert proto.variance(n) / proto.variance(n, estimator="realized") == pytest.approx((h + 1 - d / B) / h)
+    ratio = proto.variance_exact(f, n).mean() / proto.variance_exact(f, n, estimator="realized").mean()
+    assert mse["expected"] / mse["realized"] == pytest.approx(ratio, rel=0.15)
+    assert mse["expected"] > mse["realized"]
+
+
+def test_estimator_closed_forms_and_edge_cases() -> None:
+    """The realized estimator is Ding et al.'s (b/(nd)) Σ_{sampled} (x (h+1) - 1)/(h - 1) (also the
+    authors' multi-freq-ldpy code); both coincide when d = b; bad arguments raise."""
+    proto = make(d=3, eps_inf=1.5)
+    n = 3000
+    g = np.random.default_rng(41)
+    r = proto.randomize(zipf_values(K, n, seed=4), g, state=proto.new_state(n, rng=g))
+    c, m = proto.support(r), proto.sampled(r)
+    buckets, bits = pairs(r)
+    h = math.exp(1.5 / 2)
+    ding = np.zeros(B)
+    np.add.at(ding, buckets.ravel(), (bits.ravel() * (h + 1) - 1) / (h - 1))
+    np.testing.assert_allclose(proto.estimate(c, n, estimator="realized", sampled=m), ding * B / (n * 3))
+    np.testing.assert_array_equal(m, np.bincount(buckets.ravel(), minlength=B))
+    np.testing.assert_array_equal(m, proto.sampled(r[:1000]) + proto.sampled(r[1000:]))  # additive
+    # Var formulas at f = 0: b (h + 1 - d/b) / (n d (h-1)^2) and b h / (n d (h-1)^2)
+    assert proto.variance(n) == pytest.approx(B * (h + 1 - 3 / B) / (n * 3 * (h - 1) ** 2))
+    assert proto.variance(n, "realized") == pytest.approx(B * h / (n * 3 * (h - 1) ** 2))
+    assert proto.variance_exact(0.2, n, "realized") == pytest.approx(
+        B * h / (n * 3 * (h - 1) ** 2) + 0.2 * (B / 3 - 1) / n)
+    for method in ("clip", "norm-sub"):
+        est = proto.estimate(c, n, postprocess=method, estimator="realized", sampled=m)
+        assert est.min() >= 0 and est.sum() == pytest.approx(1.0)
+    full = make(d=B)
+    rf = full.randomize(np.arange(n) % K, g, state=full.new_state(n, rng=g))
+    cf, mf = full.support(rf), full.sampled(rf)
+    assert (mf == n).all()
+    np.testing.assert_allclose(full.estimate(cf, n, estimator="realized", sampled=mf), full.estimate(cf, n))
+    assert full.variance(n, "realized") == pytest.approx(full.variance(n))
+    with pytest.raises(LDPError, match="estimator must be one of"):
+        proto.estimate(c, n, estimator="paper")
+    with pytest.raises(LDPError, match="needs sampled"):
+        proto.estimate(c, n, estimator="realized")
+    with pytest.raises(LDPError, match="only used"):
+        proto.estimate(c, n, sampled=m)
+    with pytest.raises(LDPError, match="shape"):
+        proto.estimate(c, n, estimator="realized", sampled=m[:-1])
+    with pytest.raises(LDPError, match="counts <= sampled"):
+        proto.estimate(c, n, estimator="realized", sampled=c - 1)
+    with pytest.raises(InvalidReports):
+        proto.sampled(np.array([[2 * 4, 2 * 4, 2 * 10]], dtype=proto.report_dtype))
+
+
 def test_pure_protocol_parameters_and_seed_eq1() -> None:
     proto = make(d=3)
     assert proto.ps == pytest.approx(3 / B * proto.p) and proto.qs == pytest.approx(3 / B * proto.q)
