@@ -272,3 +272,120 @@ def test_heavy_hitters_quick_finds_the_top_of_zipf_and_of_the_words(tmp_path_fac
             assert cell[(dataset, protocol, 6.0)]["mse"] < cell[(dataset, protocol, 2.0)]["mse"] / 5, protocol
     words = [r for r in read_csv(out / "data.csv") if r["dataset"] == "words"]
     assert words[0]["value"] == "the" and words[0]["probability"] > words[19]["probability"] > 0.003
+
+
+# ====================================================================== real data sets (issue 25)
+def _real_data(*files: str) -> None:
+    """Skip unless the shared data folder (../shared/data, $LDP_DATA_DIR) holds ``files``."""
+    from ldpstream_cli.experiments.datasets import resolve_data_dir
+
+    folder = resolve_data_dir()
+    missing = [f for f in files if not (folder / f).is_file()]
+    if missing:
+        pytest.skip(f"real data set(s) {', '.join(missing)} not in {folder} (set LDP_DATA_DIR)")
+
+
+def _table_2(out: Path) -> None:
+    """Arcolezi et al., EDBT 2023, Table 2: the server detects every bucket change of under 1 % of the users
+    with 1BitFlipPM (d = 1) and of at least 99.9 % with bBitFlipPM (d = b)."""
+    rows = read_csv(out / "detection.csv")
+    assert rows
+    for r in rows:
+        assert r["1BitFlipPM_detected_all_pct"] < 1.0, r
+        assert r["bBitFlipPM_detected_all_pct"] >= 99.9, r
+
+
+def _both_metrics(out: Path) -> list[dict]:
+    rows = read_csv(out / "longitudinal.csv")
+    for r in rows:
+        assert r["mse_avg"] > 0 and r["mse_avg_clip_norm"] > 0, r
+    for name in ("mse_avg.png", "mse_avg_clip_norm.png"):
+        assert (out / name).stat().st_size > 0, name
+    return rows
+
+
+def test_longitudinal_on_adult_and_db_mt_table_2(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """``--dataset adult`` (hours-per-week, k = 96, permuted) and ``--dataset db_mt`` (PWGTP columns,
+    k = 1,412, b = ⌊k/4⌋), quick sizes cut further (1,000 users, 8 collections): Table 2 holds and both
+    MSEs (raw, clipped-renormalized) are written."""
+    import json
+
+    _real_data("adult.data.gz", "adult.test.gz", "PWGTP_Montana.csv.gz")
+    for dataset, eps in (("adult", "1,5"), ("db_mt", "2")):
+        out = _experiment(tmp_path_factory, "longitudinal", "--dataset", dataset, "--quick", "--n", "1000",
+                          "--tau", "8", "--eps-inf", eps, "--workers", "1")
+        _table_2(out)
+        rows = _both_metrics(out)
+        config = json.loads((out / "config.json").read_text())
+        assert config["dataset"] == dataset and config["n"] == 1000 and config["tau"] == 8
+        assert config["k"] == {"adult": 96, "db_mt": 1412}[dataset]
+        assert config["b"] == {"adult": 0, "db_mt": 353}[dataset]
+        assert "45,221" in config["data_note"] if dataset == "adult" else "PWGTP" in config["data_note"]
+        # clipping and renormalizing can only help the small-ε, large-k estimates of L-GRR
+        grr = [r for r in rows if r["protocol"] == "L-GRR"]
+        assert grr[0]["mse_avg_clip_norm"] < grr[0]["mse_avg"]
+
+
+def test_allomfree_on_nursery_gains_over_l_sue_and_l_oue(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """``--dataset nursery`` (9 attributes, one collection, Arcolezi et al., DCN 2022, Tables 3-4's setting
+    ε1 = 0.3 and 0.6 ε∞): ALLOMFREE's gains over L-SUE and L-OUE are positive at every ε∞."""
+    _real_data("nursery.data.gz")
+    out = _experiment(tmp_path_factory, "allomfree", "--dataset", "nursery", "--quick", "--reps", "1",
+                      "--workers", "1")
+    gains = read_csv(out / "gains.csv")
+    assert {g["alpha"] for g in gains} == {0.3, 0.6} and len(gains) == 6
+    for g in gains:
+        assert g["U_L-SUE_pct"] > 0 and g["U_L-OUE_pct"] > 0, g
+        assert math.isfinite(g["U_L-SUE_clip_norm_pct"]) and math.isfinite(g["U_L-OUE_clip_norm_pct"]), g
+    rows = read_csv(out / "allomfree.csv")
+    assert all(r["mse_avg"] > 0 and r["mse_avg_clip_norm"] > 0 for r in rows)
+    assert (out / "mse_avg_clip_norm.png").stat().st_size > 0
+
+
+def test_longitudinal_on_a_users_csv_file(tmp_path: Path) -> None:
+    """A user's own CSV file, a column per collection: the experiment runs and writes both metrics."""
+    rng = np.random.default_rng(3)
+    values = rng.integers(0, 6, size=(400, 5))
+    path = tmp_path / "mine.csv"
+    path.write_text("c1,c2,c3,c4,c5\n" + "\n".join(",".join(f"v{x}" for x in row) for row in values) + "\n")
+    out = tmp_path / "out"
+    _run(["experiment", "longitudinal", "--dataset", str(path), "--eps-inf", "2", "--alphas", "0.5", "--reps", "1",
+          "--workers", "1", "--out", str(out)])
+    rows = _both_metrics(out)
+    assert {r["protocol"] for r in rows} >= {"RAPPOR", "L-GRR", "BiLOLOHA"}
+    assert all(r["domain_size"] == 6 and r["dataset"] == "mine.csv" for r in rows)
+    assert len(read_csv(out / "detection.csv")) == 1
+
+
+def test_dataset_loaders_and_their_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Missing files say where they were looked for and how to point elsewhere; a column with too many
+    distinct values is refused; one column is permuted τ times, several are one collection each."""
+    from ldpstream_cli.experiments import datasets as ds
+
+    monkeypatch.setenv("LDP_DATA_DIR", str(tmp_path / "nowhere"))
+    assert ds.resolve_data_dir() == tmp_path / "nowhere"
+    assert ds.resolve_data_dir(tmp_path) == tmp_path
+    for load in (ds.load_adult, ds.load_db_mt, ds.load_nursery):
+        with pytest.raises(ds.DatasetError, match="looked for .*nowhere.*--data-dir DIR or the LDP_DATA_DIR"):
+            load()
+    with pytest.raises(ds.DatasetError, match="looked for .*absent.csv"):
+        ds.load_csv_collections(tmp_path / "absent.csv")
+    with pytest.raises(ds.DatasetError, match="unknown data set 'foo'"):
+        ds.load_collections("foo")
+    path = tmp_path / "d.csv"
+    path.write_text("id,colour,size\n" + "".join(f"{i},{'rgb'[i % 3]},{i % 4}\n" for i in range(300)))
+    with pytest.raises(ds.DatasetError, match="column 'id' .* not categorical: 300 distinct values"):
+        ds.load_csv_collections(path)
+    with pytest.raises(ds.DatasetError, match="more than --max-k 2"):
+        ds.load_csv_collections(path, ["colour"], max_k=2)
+    with pytest.raises(ds.DatasetError, match="no column 'weight'"):
+        ds.load_csv_collections(path, ["weight"])
+    one = ds.load_csv_collections(path, ["colour"], tau=4)
+    assert (one.k, one.labels, one.tau, one.n) == (3, ("b", "g", "r"), 4, 300)
+    steps = one.values(seed=1)
+    assert steps.shape == (4, 300) and all(np.array_equal(np.bincount(s), [100, 100, 100]) for s in steps)
+    two = ds.load_csv_collections(path, ["size", "colour"])
+    assert (two.tau, two.k) == (2, 7) and two.values().shape == (2, 300)
+    table = ds.load_csv_table(path, ["colour", "size"])
+    assert table.ks == (3, 4) and table.values.shape == (300, 2)
+    assert np.allclose(ds.clip_normalize(np.array([0.5, -0.2, 1.0])), [1 / 3, 0, 2 / 3])

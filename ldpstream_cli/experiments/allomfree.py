@@ -17,6 +17,13 @@ solutions (:func:`estimators.make_solution`, memo states kept), and the experime
 * ``ε̌_avg`` (Arcolezi et al., EDBT 2023, Eq. 8) from the library's accounting
   (``Solution.longitudinal_loss``).
 
+Real data (``--dataset``, :mod:`.datasets`): DCN 2022's Nursery (9 attributes, 12,960 users) and Adult
+(its 9 categorical attributes), or every column of a CSV file, for one collection (τ = 1, as in the
+paper) or, with ``--tau``, a random permutation of the rows per later collection (the longitudinal
+setting). Every run reports two MSEs: ``mse_avg``, of the raw (unbiased) estimates, and
+``mse_avg_clip_norm``, the authors' metric (estimates clipped at 0 and renormalized to sum to 1), and the
+gains of both.
+
 Solutions: ALLOMFREE (DCN 2022, Alg. 1, the library's exact calibration) and with the paper's
 calibration, L-SMP with L-SUE (basic RAPPOR), L-OUE, L-OSUE and L-SOUE (DCN 2022, §4), and the
 library's extensions: ALLOMFREE with fake data (L-RS+FD with the per-attribute choice), ALLOMFREE with
@@ -26,7 +33,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -38,6 +45,7 @@ from estimators.errors import InfeasibleParameters, LDPError
 from producers.datasets import EvolvingPopulation
 
 from ..terminal import print_table
+from .datasets import DatasetError, Table, clip_normalize, load_table
 from .runner import (OutOption, QuickOption, Run, SeedOption, WorkersOption, child_seeds, console, floats, mean_sd,
                      pyplot, run_tasks, save_figure)
 
@@ -72,10 +80,23 @@ class Config:
     reps: int = 5
     seed: int = 0
     workers: int | None = None
+    #: "synthetic" or a real data set (nursery, adult, a CSV path): its users and attributes replace n, ks
+    #: and distributions (n > 0: a random sample of n users); tau = 1 as in the paper unless given
+    dataset: str = "synthetic"
+    data_dir: str = ""
+    data_note: str = ""
+
+    @property
+    def title(self) -> str:
+        return "synthetic" if self.dataset == "synthetic" else Path(self.dataset).name
 
     @classmethod
     def quick(cls, **overrides: Any) -> "Config":
-        """A CI-sized run: fewer users, ε∞ values, collections and solutions."""
+        """A CI-sized run: fewer users, ε∞ values, collections and solutions (real data: every user, one
+        collection, ALLOMFREE against L-SUE and L-OUE)."""
+        if overrides.get("dataset", "synthetic") != "synthetic":
+            return cls(**{"n": 0, "eps_inf": (0.5, 2.0, 4.0), "tau": 1, "reps": 2,
+                          "solutions": ("ALLOMFREE", "L-SUE", "L-OUE"), **overrides})
         return cls(**{"n": 20_000, "eps_inf": (0.5, 2.0, 4.0), "tau": 20, "reps": 2,
                       "solutions": ("ALLOMFREE", "L-SUE", "L-OUE", "L-OSUE", "ALLOMFREE+fake data"), **overrides})
 
@@ -91,6 +112,7 @@ class Task:
     data_seed: np.random.SeedSequence
     noise_seed: np.random.SeedSequence
     config: Config
+    data: Table | None = None  # real data (None: synthetic)
 
 
 def build_solution(label: str, ks: tuple[int, ...], eps_inf: float, alpha: float) -> estimators.Solution:
@@ -114,40 +136,45 @@ def simulate(task: Task) -> dict[str, Any]:
     except InfeasibleParameters as exc:
         return {"label": task.label, "eps_inf": task.eps_inf, "alpha": task.alpha, "rep": task.rep,
                 "infeasible": str(exc)}
-    pops = populations(c, task.data_seed)
+    if task.data is None:
+        pops = populations(c, task.data_seed)
+        stream = (np.stack([p.step() for p in pops], axis=1) for _ in range(c.tau))
+    else:
+        stream = task.data.steps(c.tau, task.data_seed)
     rng = np.random.default_rng(task.noise_seed)
     state = sol.new_state(c.n, rng)
-    mse_t, var_t, se_t = [], [], []
-    for _ in range(c.tau):
-        values = np.stack([p.step() for p in pops], axis=1)
+    mse_t, clip_t, var_t, se_t = [], [], [], []
+    for values in stream:
         out = sol.randomize(values, rng, state=state)
         counts, ns = sol.support(out), sol.report_counts(out)
-        per_attr_mse, per_attr_var, per_attr_sd2 = [], [], []
+        per_attr_mse, per_attr_clip, per_attr_var, per_attr_sd2 = [], [], [], []
         for j, k in enumerate(c.ks):
             truth = np.bincount(values[:, j], minlength=k) / c.n
             est = sol.estimate(j, counts[j], ns[j])
             var = np.asarray(sol.variance_exact(j, truth, c.n), dtype=np.float64)
             per_attr_mse.append(float(np.mean((est - truth) ** 2)))
+            per_attr_clip.append(float(np.mean((clip_normalize(est) - truth) ** 2)))
             per_attr_var.append(float(var.mean()))
             # variance of the attribute's mean squared error: 2 Var² per Gaussian estimate, doubled for
             # the estimates' correlation (sum to one; exact for k = 2)
             per_attr_sd2.append(4.0 * float(np.sum(var ** 2)) / k ** 2)
         mse_t.append(float(np.mean(per_attr_mse)))
+        clip_t.append(float(np.mean(per_attr_clip)))
         var_t.append(float(np.mean(per_attr_var)))
         se_t.append(math.sqrt(sum(per_attr_sd2)) / len(c.ks))
     loss = sol.longitudinal_loss(state)
     return {"label": task.label, "eps_inf": task.eps_inf, "alpha": task.alpha, "rep": task.rep,
-            "mse_t": mse_t, "variance_t": var_t, "mse_se_bound": float(np.mean(se_t)),
+            "mse_t": mse_t, "mse_clip_norm_t": clip_t, "variance_t": var_t, "mse_se_bound": float(np.mean(se_t)),
             "eps_avg": float(np.mean(loss)), "worst_case_loss": float(sol.worst_case_loss),
             "choices": " ".join(name for name, _ in sol.choices) if hasattr(sol, "choices") else ""}
 
 
-def tasks_for(config: Config) -> list[Task]:
-    data = child_seeds(config.seed, "multidim-data", config.reps)
+def tasks_for(config: Config, table: Table | None = None) -> list[Task]:
+    data = child_seeds(config.seed, "multidim-data" if table is None else f"{config.dataset}-data", config.reps)
     specs = [(label, e, a, r) for r in range(config.reps) for label in config.solutions
              for e in config.eps_inf for a in config.alphas]
     noise = child_seeds(config.seed, "noise", len(specs))
-    return [Task(lb, e, a, r, data[r], s, config) for (lb, e, a, r), s in zip(specs, noise)]
+    return [Task(lb, e, a, r, data[r], s, config, table) for (lb, e, a, r), s in zip(specs, noise)]
 
 
 def summarize(results: list[dict], config: Config) -> tuple[list[dict], list[dict], list[dict]]:
@@ -162,13 +189,16 @@ def summarize(results: list[dict], config: Config) -> tuple[list[dict], list[dic
                 reps = groups[(label, e, a)]
                 if "infeasible" in reps[0]:
                     rows.append({"solution": label, "eps_inf": e, "alpha": a, "eps_1": round(a * e, 6),
-                                 "reps": 0, "mse_avg": math.nan, "note": reps[0]["infeasible"]})
+                                 "reps": 0, "mse_avg": math.nan, "mse_avg_clip_norm": math.nan,
+                                 "note": reps[0]["infeasible"]})
                     continue
                 mse, sd = mean_sd([float(np.mean(r["mse_t"])) for r in reps])
+                clip, clip_sd = mean_sd([float(np.mean(r["mse_clip_norm_t"])) for r in reps])
                 var = float(np.mean([np.mean(r["variance_t"]) for r in reps]))
                 bound = float(np.mean([r["mse_se_bound"] for r in reps])) / math.sqrt(len(reps))
                 rows.append({"solution": label, "eps_inf": e, "alpha": a, "eps_1": round(a * e, 6), "reps": len(reps),
-                             "mse_avg": mse, "mse_sd": sd, "variance_avg": var, "mse_over_variance": mse / var,
+                             "mse_avg": mse, "mse_sd": sd, "mse_avg_clip_norm": clip, "mse_clip_norm_sd": clip_sd,
+                             "variance_avg": var, "mse_over_variance": mse / var,
                              "mse_rel_se_bound": bound / var,
                              "eps_avg": float(np.mean([r["eps_avg"] for r in reps])),
                              "worst_case_loss": reps[0]["worst_case_loss"], "channels": reps[0]["choices"],
@@ -176,6 +206,7 @@ def summarize(results: list[dict], config: Config) -> tuple[list[dict], list[dic
                 for t in range(config.tau):
                     over_time.append({"solution": label, "eps_inf": e, "alpha": a, "t": t + 1,
                                       "mse": float(np.mean([r["mse_t"][t] for r in reps])),
+                                      "mse_clip_norm": float(np.mean([r["mse_clip_norm_t"][t] for r in reps])),
                                       "variance": float(np.mean([r["variance_t"][t] for r in reps]))})
     gains = []
     index = {(r["solution"], r["eps_inf"], r["alpha"]): r for r in rows}
@@ -185,10 +216,11 @@ def summarize(results: list[dict], config: Config) -> tuple[list[dict], list[dic
             if ours is None:
                 continue
             row: dict[str, Any] = {"alpha": a, "eps_inf": e}
-            for ref in ("L-SUE", "L-OUE"):
-                other = index.get((ref, e, a))
-                row[f"U_{ref}_pct"] = (100.0 * (other["mse_avg"] - ours["mse_avg"]) / other["mse_avg"]
-                                       if other is not None else math.nan)
+            for metric, suffix in (("mse_avg", ""), ("mse_avg_clip_norm", "_clip_norm")):
+                for ref in ("L-SUE", "L-OUE"):
+                    other = index.get((ref, e, a))
+                    row[f"U_{ref}{suffix}_pct"] = (100.0 * (other[metric] - ours[metric]) / other[metric]
+                                                   if other is not None else math.nan)
             gains.append(row)
     return rows, over_time, gains
 
@@ -201,23 +233,27 @@ def plot(rows: list[dict], over_time: list[dict], config: Config, out: Path) -> 
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     colour = {lb: colours[i % len(colours)] for i, lb in enumerate(config.solutions)}
     style = {lb: ("-" if lb in PAPER_SOLUTIONS else "--") for lb in config.solutions}
-    fig, axes = plt.subplots(len(config.alphas), 1, figsize=(7.5, 3.2 * len(config.alphas)), squeeze=False,
-                             sharex=True)
-    for ax, a in zip(axes[:, 0], config.alphas):
-        for label in config.solutions:
-            sel = [r for r in rows if r["solution"] == label and r["alpha"] == a and r["reps"]]
-            ax.plot([r["eps_inf"] for r in sel], [r["mse_avg"] for r in sel], style[label], marker="o", ms=3,
-                    color=colour[label], label=label)
-        ax.set_yscale("log")
-        ax.set_ylabel("MSE$_{avg}$")
-        ax.set_title(f"$\\epsilon_1 = {a:g}\\,\\epsilon_\\infty$", fontsize=10)
-        ax.grid(alpha=0.3, which="both")
-    axes[-1][0].set_xlabel("$\\epsilon_\\infty$")
-    axes[0][0].legend(fontsize=7, ncol=2)
-    fig.suptitle(f"synthetic, n={config.n:,}, ks={list(config.ks)}, τ={config.tau}, {config.reps} reps "
-                 "(dashed: beyond the paper)", fontsize=8)
-    fig.tight_layout()
-    figures = [save_figure(fig, out / "mse_avg.png")]
+    figures = []
+    for metric, ylabel, filename in (("mse_avg", "MSE$_{avg}$, raw estimates", "mse_avg.png"),
+                                     ("mse_avg_clip_norm", "MSE$_{avg}$, clipped at 0 and\nrenormalized (authors')",
+                                      "mse_avg_clip_norm.png")):
+        fig, axes = plt.subplots(len(config.alphas), 1, figsize=(7.5, 3.2 * len(config.alphas)), squeeze=False,
+                                 sharex=True)
+        for ax, a in zip(axes[:, 0], config.alphas):
+            for label in config.solutions:
+                sel = [r for r in rows if r["solution"] == label and r["alpha"] == a and r["reps"]]
+                ax.plot([r["eps_inf"] for r in sel], [r[metric] for r in sel], style[label], marker="o", ms=3,
+                        color=colour[label], label=label)
+            ax.set_yscale("log")
+            ax.set_ylabel(ylabel)
+            ax.set_title(f"$\\epsilon_1 = {a:g}\\,\\epsilon_\\infty$", fontsize=10)
+            ax.grid(alpha=0.3, which="both")
+        axes[-1][0].set_xlabel("$\\epsilon_\\infty$")
+        axes[0][0].legend(fontsize=7, ncol=2)
+        fig.suptitle(f"{config.title}, n={config.n:,}, ks={list(config.ks)}, τ={config.tau}, {config.reps} reps "
+                     "(dashed: beyond the paper)", fontsize=8)
+        fig.tight_layout()
+        figures.append(save_figure(fig, out / filename))
     e = config.eps_inf[len(config.eps_inf) // 2]
     fig, axes = plt.subplots(1, len(config.alphas), figsize=(4.5 * len(config.alphas), 3.4), squeeze=False)
     for ax, a in zip(axes[0], config.alphas):
@@ -227,11 +263,13 @@ def plot(rows: list[dict], over_time: list[dict], config: Config, out: Path) -> 
                 ax.plot([r["t"] for r in sel], [r["mse"] for r in sel], marker="o", ms=3, color=colour[label],
                         label=label)
                 ax.plot([r["t"] for r in sel], [r["variance"] for r in sel], ":", color=colour[label])
+                ax.plot([r["t"] for r in sel], [r["mse_clip_norm"] for r in sel], "--", color=colour[label], lw=1)
         ax.set_yscale("log")
         ax.set_xlabel("collection t")
         ax.set_title(f"$\\epsilon_\\infty={e:g}$, $\\epsilon_1={a:g}\\,\\epsilon_\\infty$", fontsize=10)
         ax.grid(alpha=0.3, which="both")
-    axes[0][0].set_ylabel("MSE at collection t")
+    axes[0][0].set_ylabel("MSE at collection t\n(solid: raw; dashed: clipped and renormalized;\n"
+                          "dotted: analytical variance)", fontsize=8)
     axes[0][0].legend(fontsize=7)
     fig.tight_layout()
     figures.append(save_figure(fig, out / "mse_over_time.png"))
@@ -239,26 +277,34 @@ def plot(rows: list[dict], over_time: list[dict], config: Config, out: Path) -> 
 
 
 def gains_table(gains: list[dict], alpha: float) -> Any:
-    from rich.table import Table
+    from rich.table import Table as RichTable
 
-    t = Table(title=f"accuracy gain of ALLOMFREE (DCN 2022, Eq. 17), ε1 = {alpha:g} ε∞ (Tables 3-4 layout)")
-    for col in ("ε∞", "U_L-SUE (%)", "U_L-OUE (%)"):
+    t = RichTable(title=f"accuracy gain of ALLOMFREE (DCN 2022, Eq. 17), ε1 = {alpha:g} ε∞ (Tables 3-4 layout; "
+                        "raw MSE, and clipped-renormalized MSE: the authors' metric)")
+    keys = ("U_L-SUE_pct", "U_L-OUE_pct", "U_L-SUE_clip_norm_pct", "U_L-OUE_clip_norm_pct")
+    for col in ("ε∞", "U_L-SUE (%)", "U_L-OUE (%)", "U_L-SUE clip-norm (%)", "U_L-OUE clip-norm (%)"):
         t.add_column(col, justify="right")
     sel = [g for g in gains if g["alpha"] == alpha]
     for g in sel:
-        t.add_row(f"{g['eps_inf']:g}", f"{g['U_L-SUE_pct']:.2f}", f"{g['U_L-OUE_pct']:.2f}")
+        t.add_row(f"{g['eps_inf']:g}", *(f"{g[key]:.2f}" for key in keys))
     if sel:
-        t.add_row("Mean", f"{np.nanmean([g['U_L-SUE_pct'] for g in sel]):.2f}",
-                  f"{np.nanmean([g['U_L-OUE_pct'] for g in sel]):.2f}")
+        t.add_row("Mean", *(f"{np.nanmean([g[key] for g in sel]):.2f}" for key in keys))
     return t
 
 
 def run(config: Config, out: Path) -> dict[str, Path]:
+    table = None
+    if config.dataset != "synthetic":
+        table = load_table(config.dataset, config.data_dir or None)
+        table = table.subset(config.n or None, child_seeds(config.seed, "sample", 1)[0])
+        config = replace(config, n=table.n, ks=table.ks, distributions=tuple("data" for _ in table.ks),
+                         data_note=table.note + (f"; τ = {config.tau}" if config.tau == 1 else
+                                                 f"; τ = {config.tau} (later collections: random row permutations)"))
     if len(config.distributions) != len(config.ks):
         raise LDPError("give one distribution (zipf or uniform) per attribute")
     run_ = Run("allomfree", {**asdict(config), "out": str(out)}, out)
     run_.announce()
-    results = run_tasks(simulate, tasks_for(config), "allomfree (multidimensional)", config.workers)
+    results = run_tasks(simulate, tasks_for(config, table), f"allomfree ({config.title})", config.workers)
     rows, over_time, gains = summarize(results, config)
     files = {"results": run_.csv(rows, "allomfree.csv"), "over_time": run_.csv(over_time, "mse_over_time.csv"),
              "gains": run_.csv(gains, "gains.csv")}
@@ -285,12 +331,20 @@ def register(group: typer.Typer) -> None:
                 "--eps-inf", help="ε∞ grid (default 0.5,1,...,4; quick 0.5,2,4).")] = None,
             alphas: Annotated[Optional[str], typer.Option(help="α of ε1 = α ε∞ (default 0.3,0.6).")] = None,
             reps: Annotated[Optional[int], typer.Option(help="Repetitions (default 5; quick 2).")] = None,
+            dataset: Annotated[str, typer.Option(
+                help="synthetic (default), nursery, adult (9 categorical attributes) or a CSV file (every column an "
+                     "attribute): one collection unless --tau; --n samples users (default all).")] = "synthetic",
+            data_dir: Annotated[Optional[Path], typer.Option(
+                help="Folder of the data sets (default $LDP_DATA_DIR, else ../shared/data next to the repository).")
+                                ] = None,
             workers: WorkersOption = None,
             seed: SeedOption = 0,
     ) -> None:
         """Arcolezi et al., DCN 2022, §5 on synthetic multidimensional data: MSE_avg of ALLOMFREE, L-SUE,
         L-OUE, L-OSUE, L-SOUE and the library's other solutions, and the gains of Eq. 17 (Tables 3-4)."""
         overrides: dict[str, Any] = {"workers": workers, "seed": seed}
+        if dataset.lower() not in ("synthetic", "syn"):
+            overrides.update(dataset=dataset, data_dir=str(data_dir or ""), n=0, tau=1)
         for key, value in (("n", n), ("tau", tau), ("reps", reps)):
             if value is not None:
                 overrides[key] = value
@@ -307,6 +361,6 @@ def register(group: typer.Typer) -> None:
         config = Config.quick(**overrides) if quick else Config(**overrides)
         try:
             run(config, out)
-        except (LDPError, ValueError) as exc:
+        except (LDPError, ValueError, DatasetError) as exc:
             console.print(f"[red]error:[/red] {exc}")
             raise typer.Exit(2)
