@@ -167,11 +167,21 @@ class Recovery:
         self.store.forget_epochs()
         targets: dict[int, int] = {}
         if partitions:
+            await self.load_loss_marks(partitions)
             targets = await self.start_offsets(sorted(partitions))
             if self.consumer is not None:
                 await self.consumer.move_to(targets)
         await self.restored(targets)
         return targets
+
+    async def load_loss_marks(self, partitions: list[int]) -> None:
+        """The loss marks another worker recorded for ``partitions`` (:meth:`broker_lost`): this worker marks their
+        lost steps at each partition's next message (:meth:`mark_lost_steps`)."""
+        marks = await self.calls(self.store.loss_marks, self.app_id, self.topic, partitions)
+        for p, by_campaign in marks.items():
+            for c, mark in by_campaign.items():
+                if c in self.campaigns:
+                    self.lost_from.setdefault(p, {}).setdefault(c, mark)
 
     async def start_offsets(self, partitions: list[int]) -> dict[int, int]:
         """Where each partition of the reports topic restarts: after the last message the store handled.
@@ -322,6 +332,7 @@ class Recovery:
         c = self.campaigns[campaign]
         for attribute in c.attributes:
             await self.calls(self.store.mark_incomplete, c.id, attribute, range(lo, t + 1), why)
+        await self.calls(self.store.clear_loss_mark, self.app_id, self.topic, partition, campaign)
         log.error("%s: the broker lost partition %s's messages before step %s: steps %s..%s marked incomplete",
                   campaign, partition, t, lo, t)
 
@@ -333,6 +344,8 @@ class Recovery:
         now = time.time()
         for p in partitions:
             self.lost_from[p] = {c: (self.stream_steps.get(c, 0), why) for c in self.campaigns}
+        # in the store too: a rebalance may move a partition before its next message is read
+        await self.calls(self.store.set_loss_marks, self.app_id, self.topic, {p: self.lost_from[p] for p in partitions})
         for p in partitions:
             self.alarms[f"unrepairable_loss:{p}"] = {"component": "kafka", "since": now, "error": (
                 f"{why}; the counts of the steps not final yet may be short: their finals say complete=false")}

@@ -41,6 +41,7 @@ class MemoryStore:
         self.reset_next = False  # answer the next apply with STORE_RESET (Redis lost the campaign's keys)
         self.calls = 0
         self.incomplete: dict[tuple[str, str, int], str] = {}  # step -> why the broker may have lost its reports
+        self.loss_marks_: dict[int, dict[str, tuple[int, str]]] = {}  # partition -> campaign -> (since, why)
 
     async def server_id(self) -> str:  # the recovery's side: one server, never restarted
         return "memory"
@@ -77,6 +78,16 @@ class MemoryStore:
 
     async def set_position(self, position: Position) -> None:
         self.positions[position.partition] = (position.offset, position.ident)
+
+    async def set_loss_marks(self, app_id: str, topic: str, marks) -> None:
+        for p, by_campaign in marks.items():
+            self.loss_marks_.setdefault(p, {}).update(by_campaign)
+
+    async def loss_marks(self, app_id: str, topic: str, partitions):
+        return {p: dict(m) for p, m in self.loss_marks_.items() if p in set(partitions)}
+
+    async def clear_loss_mark(self, app_id: str, topic: str, partition: int, campaign: str) -> None:
+        self.loss_marks_.get(partition, {}).pop(campaign, None)
 
     async def record_closed_at(self, campaign: str, attribute: str, t: int, when: float) -> None:
         pass
@@ -201,6 +212,28 @@ def test_an_unrepairable_loss_marks_the_steps_the_lost_backlog_may_have_held():
     asyncio.run(run())
     want = {(CAMPAIGN.id, a, t) for a in CAMPAIGN.attributes for t in range(2, 6)}
     assert set(store.incomplete) == want and recovery.lost_from == {}
+
+
+def test_a_loss_mark_follows_its_partition_to_the_worker_that_owns_it_next():
+    """Worker A detects the loss of partition 0's backlog; a rebalance gives the partition to worker B (a new
+    recovery on the same store) before its next message: B marks the lost steps before counting it, as A would have,
+    and the mark is gone from the store afterwards."""
+    pipe_a, store, recovery_a, _ = _rig()
+    pipe_b, _, recovery_b, _ = _rig()
+    pipe_b.store = recovery_b.store = store  # one count store, two workers
+    blob = lambda t, i: envelope.pack_reports(CAMPAIGN, ATTR, t, _reports(50, 10 + i), batch_id=f"m:{t}:a:{i}")
+
+    async def run() -> None:
+        await pipe_a.process(blob(2, 0), 0, 0)
+        await recovery_a.broker_lost([0], "the broker lost partition 0")
+        assert store.loss_marks_[0][CAMPAIGN.id][0] == 2
+        await recovery_b.load_loss_marks([0])  # what its on_assignment does first
+        assert recovery_b.lost_before(0, CAMPAIGN.id)
+        await pipe_b.process(blob(4, 1), 0, 0)
+
+    asyncio.run(run())
+    want = {(CAMPAIGN.id, a, t) for a in CAMPAIGN.attributes for t in range(2, 5)}
+    assert set(store.incomplete) >= want and not store.loss_marks_[0]
 
 
 class _HoleBroker:

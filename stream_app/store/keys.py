@@ -37,7 +37,7 @@ from __future__ import annotations
 
 __all__ = ["closed_ts_key", "count_key", "cursor_key", "epoch_key", "estimates_key", "estimates_read_key",
            "fence_counter_key", "fence_key", "finals_key", "floor_key", "latest_key", "lease_key", "newest_final_key",
-           "pending_key", "positions_key", "pruned_key", "rate_slot_key", "request_key", "revoked_tokens_key",
+           "loss_marks_key", "pending_key", "positions_key", "pruned_key", "rate_slot_key", "request_key", "revoked_tokens_key",
            "revoked_version_key", "server_marker_key", "step_reports_key", "steps_key", "touched_key", "wake_channel"]
 
 
@@ -125,6 +125,13 @@ def server_marker_key(campaign: str) -> str:
 def positions_key(app_id: str) -> str:
     """Hash ``<topic>:<partition> -> <offset>|<message ident>`` of a consumer group's handled messages."""
     return f"ldp:positions:{app_id}"
+
+
+def loss_marks_key(app_id: str) -> str:
+    """Hash ``<topic>:<partition>:<campaign> -> <stream step>|<why>`` of a consumer group: an unrepairable broker loss
+    whose lost steps are marked when the partition's next message of the campaign is read, by whichever worker owns
+    the partition then (a rebalance after the loss moves it)."""
+    return f"ldp:lossmarks:{app_id}"
 
 
 def lease_key(app_id: str) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Iterable, Mapping, NamedTuple
 
 from .connection import StoreConnection
-from .keys import closed_ts_key, cursor_key, positions_key
+from .keys import closed_ts_key, cursor_key, loss_marks_key, positions_key
 
 __all__ = ["Position", "Positions", "position_entry"]
 
@@ -60,6 +60,33 @@ class Positions(StoreConnection):
         fields_ = [f"{topic}:{p}" for p in partitions]
         if fields_:
             await self.redis.hdel(positions_key(app_id), *fields_)
+
+    async def set_loss_marks(self, app_id: str, topic: str,
+                             marks: Mapping[int, Mapping[str, tuple[int, str]]]) -> None:
+        """Record ``partition -> campaign -> (stream step at the loss, why)`` of an unrepairable broker loss."""
+        fields_ = {f"{topic}:{p}:{campaign}": f"{int(since)}|{why}"
+                   for p, by_campaign in marks.items() for campaign, (since, why) in by_campaign.items()}
+        if fields_:
+            await self.redis.hset(loss_marks_key(app_id), mapping=fields_)
+
+    async def loss_marks(self, app_id: str, topic: str,
+                         partitions: Iterable[int]) -> dict[int, dict[str, tuple[int, str]]]:
+        """The recorded loss marks of ``partitions`` (:meth:`set_loss_marks`)."""
+        wanted = {int(p) for p in partitions}
+        out: dict[int, dict[str, tuple[int, str]]] = {}
+        for field_, value in (await self.redis.hgetall(loss_marks_key(app_id))).items():
+            field_ = field_.decode() if isinstance(field_, bytes) else field_
+            value = value.decode() if isinstance(value, bytes) else value
+            head, _, campaign = field_.rpartition(":")
+            t, _, p = head.rpartition(":")
+            if t == topic and p.isdigit() and int(p) in wanted:
+                since, _, why = value.partition("|")
+                out.setdefault(int(p), {})[campaign] = (int(since), why)
+        return out
+
+    async def clear_loss_mark(self, app_id: str, topic: str, partition: int, campaign: str) -> None:
+        """Drop one loss mark: its lost steps were marked incomplete."""
+        await self.redis.hdel(loss_marks_key(app_id), f"{topic}:{partition}:{campaign}")
 
     async def positions(self, app_id: str, topic: str) -> dict[int, tuple[int, str]]:
         """``partition -> (offset, ident)`` of the last handled message of each partition of ``topic``."""
