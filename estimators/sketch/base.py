@@ -26,8 +26,10 @@ import numpy as np
 
 from ..base import FrequencyProtocol
 from ..errors import LDPError
+from ..memo import MemoState
+from .treehist_kernels import tag_counts
 
-__all__ = ["OpenDomainProtocol", "TopK", "Z95", "as_ids"]
+__all__ = ["OpenDomainProtocol", "TagMemo", "TopK", "Z95", "as_ids"]
 
 Z95 = 1.959963984540054  # two-sided 95 % normal quantile
 
@@ -46,6 +48,51 @@ def as_ids(values) -> np.ndarray:
     if v.min() < 0:
         raise LDPError("ids must be non-negative 64-bit integers")
     return np.ascontiguousarray(v, dtype=np.uint64)
+
+
+class TagMemo:
+    """The exact longitudinal accounting of the open-domain protocols that memoize (TreeHist, RAPPOR, PEM): a
+    device's ``memo_slots`` bits of memo state are a table of ``memo_slots / 64`` keyed 64-bit tags of the inputs it
+    memoized (:func:`.treehist_kernels.mark_tags`, each protocol its own stream domain), one ε∞ charged per distinct
+    input, ``inf`` once the table overflowed. A subclass sets ``memo_slots`` with :meth:`check_memo_slots` and has
+    ``fingerprint`` and ``eps_inf``."""
+
+    memo_slots: int
+    fingerprint: str
+    eps_inf: float
+
+    @classmethod
+    def check_memo_slots(cls, memo_slots: int) -> int:
+        """``memo_slots`` as an int: a positive multiple of 64 (else :class:`LDPError`)."""
+        if isinstance(memo_slots, bool) or int(memo_slots) != memo_slots or memo_slots < 64 or memo_slots % 64:
+            raise LDPError(f"{cls.__name__}: memo_slots must be a positive multiple of 64 (bits of memo state: "
+                           f"memo_slots / 64 tags of 64 bits), got {memo_slots!r}")
+        return int(memo_slots)
+
+    @property
+    def memo_size(self) -> int:
+        return self.memo_slots
+
+    @property
+    def memo_tags(self) -> int:
+        """Tags in a device's table: at most this many distinct memoized inputs are accounted."""
+        return self.memo_slots // 64
+
+    def new_state(self, n_devices: int, rng: np.random.Generator | None = None) -> MemoState:
+        return MemoState.fresh(self.fingerprint, n_devices, self.memo_slots, rng)
+
+    def memoized_counts(self, state: MemoState) -> np.ndarray:
+        """Distinct memoized inputs of each device, ``float64 (n_devices,)``: the nonzero tags of its table, ``inf``
+        once it overflowed. The argument of :meth:`longitudinal_loss`."""
+        if state.seen.shape[1] != self.memo_tags * 8:
+            raise LDPError(f"{type(self).__name__}: a memo state of {state.seen.shape[1]} bytes per device is no "
+                           f"table of {self.memo_tags} tags")
+        return tag_counts(state.seen)
+
+    def longitudinal_loss(self, memoized: np.ndarray | int) -> np.ndarray | float:
+        """ε on a device's values after memoizing ``memoized`` distinct inputs: one ε∞ each (``inf``, an overflowed
+        tag table: ``inf``)."""
+        return np.asarray(memoized) * self.eps_inf
 
 
 @dataclass(frozen=True)

@@ -54,7 +54,8 @@ from ..randomness import rejection_limit
 from ..registry import make
 from .pem_kernels import GROUP, candidate_support, memo_olh
 from .pem_kernels import TAG as PEM_TAG
-from .treehist_kernels import mark_tags, tag_counts
+from .base import TagMemo
+from .treehist_kernels import mark_tags
 from .treehist_kernels import keyed_choice
 from .prefix import default_start_bits, level_schedule, prefix_walk
 
@@ -98,7 +99,7 @@ class PEMResult:
     group_sizes: tuple[int, ...]
 
 
-class PEM:
+class PEM(TagMemo):
     """Prefix extending method over ``[0, 2^bits)`` with ε-LDP OLH per group (module docstring).
 
     ``k``: the number of heavy hitters returned; ``k_prime`` (default ``k``, the paper's choice): prefixes kept per
@@ -119,10 +120,7 @@ class PEM:
         self.step, self.start_bits = int(step), int(s0)
         self.eps = float(eps)
         self.oracles = tuple(make("OLH", k=2 ** ell, eps=self.eps) for ell in self.prefix_bits)
-        if int(memo_slots) != memo_slots or memo_slots < 64 or memo_slots % 64:
-            raise LDPError(f"PEM: memo_slots must be a positive multiple of 64 (a table of 64-bit tags), got "
-                           f"{memo_slots}")
-        self.memo_slots = int(memo_slots)
+        self.memo_slots = self.check_memo_slots(memo_slots)
 
     def params(self) -> dict:
         return {"protocol": "PEM", "bits": self.bits, "eps": self.eps, "k": self.k, "step": self.step,
@@ -139,26 +137,10 @@ class PEM:
         """ε of one (memoized) OLH report: every group's OLH has the same ``g`` and ``p``."""
         return self.oracles[0].eps_first
 
-    @property
-    def memo_size(self) -> int:
-        return self.memo_slots
-
-    def new_state(self, n_devices: int, rng: np.random.Generator | None = None) -> MemoState:
-        return MemoState.fresh(self.fingerprint, n_devices, self.memo_slots, rng)
-
     def device_groups(self, state: MemoState) -> np.ndarray:
         """Each device's group for life, ``int64 (n_devices,)``, from its memo key (a keyed PRF, as TreeHist's
         level)."""
         return keyed_choice(np.ascontiguousarray(state.keys), GROUP, self.groups, rejection_limit(self.groups))
-
-    def memoized_counts(self, state: MemoState) -> np.ndarray:
-        """Distinct memoized prefixes of each device, ``float64 (n_devices,)``: the nonzero tags of its table, ``inf``
-        once it overflowed (module doc)."""
-        return tag_counts(state.seen)
-
-    def longitudinal_loss(self, memoized):
-        """ε on a device's values after memoizing ``memoized`` distinct prefixes: one ε∞ each (RAPPOR's rule)."""
-        return np.asarray(memoized) * self.eps_inf
 
     @property
     def groups(self) -> int:

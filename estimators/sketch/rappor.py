@@ -77,6 +77,7 @@ from ..memo import MemoState
 from ..randomness import noise_key, rejection_limit, threshold32
 from . import rappor_kernels as rk
 from . import treehist_kernels as tk
+from .base import TagMemo
 from .hashing import row_seeds, sketch_hash
 
 __all__ = ["RAPPOR", "RapporEstimate"]
@@ -101,7 +102,7 @@ class RapporEstimate:
     dof: int
 
 
-class RAPPOR:
+class RAPPOR(TagMemo):
     """RAPPOR with Bloom filters: ``m`` bits, ``h`` hash functions, ``cohorts`` cohorts, PRR ``f``, IRR ``(p, q)``,
     public hash seed ``seed``; ``memo_slots`` bits of memo accounting per device."""
 
@@ -115,10 +116,8 @@ class RAPPOR:
             raise LDPError(f"cohorts must lie in [1, {MAX_COHORTS}], got {cohorts!r}")
         if not (0.0 < f < 1.0 and 0.0 <= p < q <= 1.0):
             raise LDPError(f"RAPPOR needs 0 < f < 1 and 0 <= p < q <= 1, got f={f!r}, p={p!r}, q={q!r}")
-        if isinstance(memo_slots, bool) or int(memo_slots) != memo_slots or memo_slots < 64 or memo_slots % 64:
-            raise LDPError(f"memo_slots must be a positive multiple of 64 (memo_slots / 64 tags of 64 bits), "
-                           f"got {memo_slots!r}")
-        self.m, self.h, self.cohorts, self.seed, self.memo_slots = int(m), int(h), int(cohorts), int(seed), int(memo_slots)
+        self.memo_slots = self.check_memo_slots(memo_slots)
+        self.m, self.h, self.cohorts, self.seed = int(m), int(h), int(cohorts), int(seed)
         self.requested = (float(f), float(p), float(q))
         self.t1q = threshold32(f / 2)                      # P(B' = 1 | B = 0) = f/2
         self.t1p = np.uint64((1 << 32) - int(self.t1q))    # P(B' = 1 | B = 1) = 1 - f/2, its exact complement
@@ -159,31 +158,6 @@ class RAPPOR:
     def eps_first(self) -> float:
         """ε of one report through both rounds: h ln(q*(1 - p*) / (p*(1 - q*))) (§3)."""
         return self.h * ue_chain_eps_first(self.rounds)
-
-    @property
-    def memo_size(self) -> int:
-        return self.memo_slots
-
-    def new_state(self, n_devices: int, rng: np.random.Generator | None = None) -> MemoState:
-        return MemoState.fresh(self.fingerprint, n_devices, self.memo_slots, rng)
-
-    @property
-    def memo_tags(self) -> int:
-        """Tags in a device's table: at most this many distinct memoized values are accounted."""
-        return self.memo_slots // 64
-
-    def longitudinal_loss(self, memoized: np.ndarray | int) -> np.ndarray | float:
-        """ε on a device's values after memoizing ``memoized`` distinct values: one ε∞ each (``inf``: an
-        overflowed tag table)."""
-        return np.asarray(memoized) * self.eps_inf
-
-    def memoized_counts(self, state: MemoState) -> np.ndarray:
-        """Distinct memoized values of each device, ``float64 (n_devices,)``: the nonzero tags of its table,
-        ``inf`` once it overflowed (module doc)."""
-        if state.seen.shape[1] != self.memo_tags * 8:
-            raise LDPError(f"RAPPOR: a memo state of {state.seen.shape[1]} bytes per device is no table of "
-                           f"{self.memo_tags} tags")
-        return tk.tag_counts(state.seen)
 
     # ---------------------------------------------------------------- client
     def device_cohorts(self, state: MemoState) -> np.ndarray:

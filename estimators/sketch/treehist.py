@@ -95,7 +95,7 @@ from ..longitudinal import Rounds, grr_chain_eps_first, grr_chain_p2
 from ..memo import MemoState
 from ..randomness import noise_key, rejection_limit
 from . import treehist_kernels as tk
-from .base import Z95, OpenDomainProtocol, TopK, as_ids
+from .base import Z95, OpenDomainProtocol, TagMemo, TopK, as_ids
 from .hashing import row_seeds, sketch_hash
 from .prefix import level_schedule, prefix_walk
 
@@ -131,7 +131,7 @@ def _grr_eps(t: int, g: int) -> float:
         return float((Decimal(t) * (g - 1) / Decimal(_TWO53 - t)).ln())
 
 
-class TreeHist(OpenDomainProtocol):
+class TreeHist(TagMemo, OpenDomainProtocol):
     """TreeHist over the top ``bits`` bits of 64-bit ids (module doc). Reports: ``uint8 (n, 5)``, the level, the row
     (little-endian ``uint16``) and the bucket (little-endian ``uint16``); support ``int64 (L (1 + R g),)``: level
     ``l``'s block starts at ``l (1 + R g)`` with its report count, then its ``R x g`` cells row-major."""
@@ -164,10 +164,7 @@ class TreeHist(OpenDomainProtocol):
         if isinstance(seed, bool) or int(seed) != seed or not 0 <= seed <= _MASK64:
             raise LDPError(f"TreeHist: seed must be an integer in [0, 2^64), got {seed}")
         self.seed = int(seed)
-        if isinstance(memo_slots, bool) or int(memo_slots) != memo_slots or memo_slots < 64 or memo_slots % 64:
-            raise LDPError(f"TreeHist: memo_slots must be a positive multiple of 64 (bits of memo state: "
-                           f"memo_slots / 64 tags of 64 bits), got {memo_slots}")
-        self.memo_slots = int(memo_slots)
+        self.memo_slots = self.check_memo_slots(memo_slots)
         self.g = olh_g(self.eps)
         if self.g > 1 << 16:
             raise LDPError(f"TreeHist: ε = {self.eps:g} needs g = {self.g} > 2^16 buckets")
@@ -207,31 +204,6 @@ class TreeHist(OpenDomainProtocol):
     def eps_first(self) -> float:
         """ε of one report: ``eps_inf`` without an IRR, else the GRR chain's ``ln(ps / qn)``."""
         return self.eps_inf if self.eps_1 is None else grr_chain_eps_first(self.rounds)
-
-    @property
-    def memo_size(self) -> int:
-        return self.memo_slots
-
-    def new_state(self, n_devices: int, rng: np.random.Generator | None = None) -> MemoState:
-        return MemoState.fresh(self.fingerprint, n_devices, self.memo_slots, rng)
-
-    @property
-    def memo_tags(self) -> int:
-        """Tags in a device's table (module doc): at most this many distinct memoized prefixes are accounted."""
-        return self.memo_slots // 64
-
-    def longitudinal_loss(self, memoized: np.ndarray | int) -> np.ndarray | float:
-        """ε on a device's values after memoizing ``memoized`` distinct inputs (level prefixes): one ε∞ each
-        (``memoized = inf``, an overflowed tag table: ``inf``)."""
-        return np.asarray(memoized) * self.eps_inf
-
-    def memoized_counts(self, state: MemoState) -> np.ndarray:
-        """Distinct memoized level prefixes of each device, ``float64 (n_devices,)``: the nonzero tags of its table,
-        ``inf`` once the table overflowed (module doc). The argument of :meth:`longitudinal_loss`."""
-        if state.seen.shape[1] != self.memo_tags * 8:
-            raise LDPError(f"TreeHist: a memo state of {state.seen.shape[1]} bytes per device is no table of "
-                           f"{self.memo_tags} tags")
-        return tk.tag_counts(state.seen)
 
     # ---------------------------------------------------------------- device side
     def device_levels(self, state: MemoState) -> np.ndarray:
