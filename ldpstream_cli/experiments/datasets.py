@@ -220,11 +220,10 @@ def load_db_mt(data_dir: str | Path | None = None) -> Collections:
                        bitflip_b=k // 4)
 
 
-def load_csv_collections(path: str | Path, columns: Sequence[str] = (), tau: int | None = None,
-                         max_k: int = MAX_K) -> Collections:
-    """A CSV file with a header line: the ``columns`` (default every column) as one collection each over
-    their common domain, or, for a single column, that column permuted ``tau`` times (default 260, as
-    EDBT 2023's Adult). Rows with an empty or ``?`` cell in a chosen column are dropped."""
+def _csv_columns(path: str | Path,
+                 columns: Sequence[str]) -> tuple[Path, list[str], list, list[str], list[int], list]:
+    """A CSV data set's path, header, rows, chosen ``columns`` (default all) and their indices, and its rows with no
+    missing value (empty or ``?``) in them; a clear error for a missing file or column."""
     path = _require(Path(path), "CSV data set", shared=False)
     header, rows = _read(path)
     chosen = list(columns) or header
@@ -233,6 +232,15 @@ def load_csv_collections(path: str | Path, columns: Sequence[str] = (), tau: int
         raise DatasetError(f"{path} has no column {', '.join(map(repr, missing))}; its columns: {', '.join(header)}")
     idx = [header.index(c) for c in chosen]
     kept = [r for r in rows if len(r) == len(header) and not any(r[i] in MISSING for i in idx)]
+    return path, header, rows, chosen, idx, kept
+
+
+def load_csv_collections(path: str | Path, columns: Sequence[str] = (), tau: int | None = None,
+                         max_k: int = MAX_K) -> Collections:
+    """A CSV file with a header line: the ``columns`` (default every column) as one collection each over
+    their common domain, or, for a single column, that column permuted ``tau`` times (default 260, as
+    EDBT 2023's Adult). Rows with an empty or ``?`` cell in a chosen column are dropped."""
+    path, header, rows, chosen, idx, kept = _csv_columns(path, columns)
     if not kept:
         raise DatasetError(f"{path}: no row without a missing value in {', '.join(chosen)}")
     for c, i in zip(chosen, idx):
@@ -324,14 +332,7 @@ def load_adult_table(data_dir: str | Path | None = None) -> Table:
 
 def load_csv_table(path: str | Path, columns: Sequence[str] = (), max_k: int = MAX_K) -> Table:
     """Every column (or ``columns``) of a CSV file with a header line as a categorical attribute."""
-    path = _require(Path(path), "CSV data set", shared=False)
-    header, rows = _read(path)
-    chosen = list(columns) or header
-    missing = [c for c in chosen if c not in header]
-    if missing:
-        raise DatasetError(f"{path} has no column {', '.join(map(repr, missing))}; its columns: {', '.join(header)}")
-    idx = [header.index(c) for c in chosen]
-    kept = [r for r in rows if len(r) == len(header) and not any(r[i] in MISSING for i in idx)]
+    path, header, rows, chosen, idx, kept = _csv_columns(path, columns)
     return _table(path.stem, header, kept, chosen, f"{path.name}: {len(kept):,} users", path, max_k)
 
 
