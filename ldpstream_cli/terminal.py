@@ -9,6 +9,7 @@ import csv
 import json
 import math
 import sys
+import time
 from typing import Annotated, Any
 
 import typer
@@ -27,10 +28,47 @@ CSV_FLAG = Annotated[bool, typer.Option("--csv", help="Print the tables as CSV o
                                                       "stderr).")]
 
 
+#: Seconds between two progress lines where the console is not a terminal (a log file, a pipe).
+LOG_PROGRESS_EVERY = 30.0
+
+
+class _LoggedProgress(Progress):
+    """A rich progress bar that, where the console is not a terminal (rich then draws nothing until the end),
+    prints a plain line per task at most every :data:`LOG_PROGRESS_EVERY` seconds and when it completes:
+    ``description: done/total (pct), elapsed, about N s left``."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._logged: dict[Any, float] = {}
+
+    def update(self, task_id: Any, **kwargs: Any) -> None:  # type: ignore[override]
+        super().update(task_id, **kwargs)
+        self._log(task_id)
+
+    def advance(self, task_id: Any, advance: float = 1) -> None:
+        super().advance(task_id, advance)
+        self._log(task_id)
+
+    def _log(self, task_id: Any) -> None:
+        if self.console.is_terminal:
+            return
+        task = self._tasks[task_id]
+        now = time.monotonic()
+        if not task.finished and now - self._logged.get(task_id, task.start_time or now) < LOG_PROGRESS_EVERY:
+            return
+        self._logged[task_id] = now
+        total = f"/{task.total:g} ({100 * task.completed / task.total:.0f}%)" if task.total else ""
+        left = f", about {task.time_remaining:.0f} s left" if task.time_remaining and not task.finished else ""
+        self.console.print(f"{Text.from_markup(str(task.description)).plain}: {task.completed:g}{total}, "
+                           f"{task.elapsed or 0:.0f} s{left}", highlight=False)
+
+
 def progress_bar(console: Console) -> Progress:
-    """Description, bar, done/total, elapsed and remaining time, printed on ``console`` (kept when done)."""
-    return Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TimeElapsedColumn(), TimeRemainingColumn(), console=console, transient=False)
+    """Description, bar, done/total, elapsed and remaining time, printed on ``console`` (kept when done); where
+    ``console`` is not a terminal, a plain line every 30 s instead."""
+    return _LoggedProgress(TextColumn("[progress.description]{task.description}"), BarColumn(),
+                           MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn(), console=console,
+                           transient=False)
 
 
 def print_table(console: Console, table: Table) -> None:

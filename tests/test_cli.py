@@ -122,3 +122,27 @@ def test_the_demo_campaign_ships_with_the_cli():
     """`ldp demo` finds its campaign from any directory: the package's copy equals deploy/campaigns/demo.toml."""
     assert DEMO_CAMPAIGN.is_relative_to(ROOT / "ldpstream_cli")
     assert DEMO_CAMPAIGN.read_bytes() == (ROOT / "deploy" / "campaigns" / "demo.toml").read_bytes()
+
+
+def test_progress_prints_plain_lines_where_the_console_is_not_a_terminal(monkeypatch) -> None:
+    """A long run written to a log file (not a terminal, where rich draws nothing until the end) still shows its
+    progress: a plain line at most every LOG_PROGRESS_EVERY seconds, and one when done."""
+    import io
+
+    from rich.console import Console
+
+    from ldpstream_cli import terminal
+
+    clock = [100.0]
+    monkeypatch.setattr(terminal.time, "monotonic", lambda: clock[0])
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=False, width=100)
+    bar = terminal.progress_bar(console)
+    bar.get_time = lambda: clock[0]  # type: ignore[method-assign]
+    tid = bar.add_task("tasks", total=10)
+    for _ in range(10):
+        clock[0] += 10.0  # every 10 s: a line every third advance (30 s), and the last
+        bar.advance(tid)
+    lines = [line for line in out.getvalue().splitlines() if line.startswith("tasks:")]
+    assert lines == ["tasks: 3/10 (30%), 30 s, about 70 s left", "tasks: 6/10 (60%), 60 s, about 40 s left",
+                     "tasks: 9/10 (90%), 90 s, about 10 s left", "tasks: 10/10 (100%), 100 s"], lines

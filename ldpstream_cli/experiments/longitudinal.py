@@ -81,6 +81,8 @@ class Config:
     data_dir: str = ""
     columns: tuple[str, ...] = ()
     b: int = 0  # dBitFlipPM's buckets (0: b = k)
+    #: dBitFlipPM's estimator: "expected" (EDBT 2023, §2.4.4's nd/b) or "realized" (Ding et al., NeurIPS 2017)
+    bitflip_estimator: str = "expected"
     data_note: str = ""
 
     @classmethod
@@ -132,12 +134,13 @@ def checkpoints(tau: int, count: int = 12) -> list[int]:
     return sorted({*range(step, tau + 1, step), tau})
 
 
-def fixed_population_variance(proto: estimators.FrequencyProtocol, truth: np.ndarray, n: int) -> np.ndarray:
+def fixed_population_variance(proto: estimators.FrequencyProtocol, truth: np.ndarray, n: int,
+                              **estimator: str) -> np.ndarray:
     """Variance of a pure protocol's estimates around the frequencies ``truth`` of a FIXED population of
     ``n`` devices: ``variance_exact`` (i.i.d. devices: binomial counts, Arcolezi et al., DCN 2022, Eq. 10)
     less the sampling variance of the population, ``f (1 - f) / n``. (Each device supports a value
     independently w.p. ``ps`` or ``qs``, so ``Var[C] = n γ (1 - γ) - n f (1 - f) (ps - qs)²``.)"""
-    return np.asarray(proto.variance_exact(truth, n)) - truth * (1.0 - truth) / n
+    return np.asarray(proto.variance_exact(truth, n, **estimator)) - truth * (1.0 - truth) / n
 
 
 def simulate(task: Task) -> dict[str, Any]:
@@ -155,6 +158,7 @@ def simulate(task: Task) -> dict[str, Any]:
     bitflip = task.label in BITFLIP
     to_domain = proto.bucket if bitflip else (lambda v: v)
     size = proto.domain_size
+    estimator = {"estimator": c.bitflip_estimator} if bitflip else {}
     sq_err = sq_err_clip = variance = 0.0
     changes = np.zeros(c.n, dtype=np.int64)          # value changes per user
     bucket_changes = np.zeros(c.n, dtype=np.int64)   # dBitFlipPM: bucket changes per user
@@ -167,10 +171,11 @@ def simulate(task: Task) -> dict[str, Any]:
         cells = to_domain(values)
         reports = proto.randomize(values, rng, state=state)
         truth = np.bincount(cells, minlength=size) / c.n
-        estimate = proto.estimate(proto.support(reports), c.n)
+        sampled = {"sampled": proto.sampled(reports)} if estimator.get("estimator") == "realized" else {}
+        estimate = proto.estimate(proto.support(reports), c.n, **estimator, **sampled)
         sq_err += float(np.mean((estimate - truth) ** 2))
         sq_err_clip += float(np.mean((clip_normalize(estimate) - truth) ** 2))
-        variance += float(np.mean(fixed_population_variance(proto, truth, c.n)))
+        variance += float(np.mean(fixed_population_variance(proto, truth, c.n, **estimator)))
         if previous_values is not None:
             changes += values != previous_values
             if bitflip:
@@ -386,12 +391,21 @@ def register(group: typer.Typer) -> None:
                                 ] = None,
             columns: Annotated[Optional[str], typer.Option(
                 help="CSV columns to use, comma-separated (default all; one column: permuted τ times).")] = None,
+            bitflip_estimator: Annotated[str, typer.Option(
+                help="dBitFlipPM's estimator: expected (divide by the expected nd/b users per bucket, EDBT 2023, "
+                     "§2.4.4) or realized (debias the bits of the users who sampled it, Ding et al. 2017).")
+                                         ] = "expected",
             workers: WorkersOption = None,
             seed: SeedOption = 0,
     ) -> None:
         """Arcolezi et al., EDBT 2023, §5 on Syn: MSE_avg (Eq. 7), ε̌_avg (Eq. 8) and dBitFlipPM's change
         detection (Table 2) for RAPPOR, L-OSUE, L-GRR, BiLOLOHA, OLOLOHA, 1BitFlipPM and bBitFlipPM."""
-        overrides: dict[str, Any] = {"calibration": calibration, "workers": workers, "seed": seed}
+        if bitflip_estimator not in ("expected", "realized"):
+            console.print("[red]error:[/red] --bitflip-estimator must be expected or realized, "
+                          f"got {bitflip_estimator!r}")
+            raise typer.Exit(2)
+        overrides: dict[str, Any] = {"calibration": calibration, "workers": workers, "seed": seed,
+                                     "bitflip_estimator": bitflip_estimator}
         if dataset.lower() != "syn":
             overrides.update(dataset=dataset, data_dir=str(data_dir or ""), n=0, tau=0,
                              columns=tuple(c.strip() for c in (columns or "").split(",") if c.strip()))
