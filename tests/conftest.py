@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import ast
+import json
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -39,6 +41,32 @@ def pytest_sessionstart(session):
         raise pytest.UsageError("compiling the numba kernels failed:\n" + "\n".join(errors))
     print(f"numba kernels compiled or loaded from the cache in {time.monotonic() - start:.0f} s "
           f"({parts} processes)", file=sys.stderr)
+
+
+#: Environment variable: a file to which every test appends one JSON line, its CPU seconds (the test process's and
+#: those of the child processes it reaped: workers, ingests, producers) and wall seconds: what a test costs on a
+#: machine whose cores are all busy, where wall times mislead (``LDP_TEST_CPU_LOG=/tmp/cpu.jsonl make test``).
+TEST_CPU_ENV = "LDP_TEST_CPU_LOG"
+
+
+def _cpu_seconds() -> float:
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """With ``LDP_TEST_CPU_LOG`` set: each test's CPU and wall seconds (setup, call and teardown) to that file."""
+    path = os.environ.get(TEST_CPU_ENV)
+    if not path:
+        yield
+        return
+    cpu, wall = _cpu_seconds(), time.monotonic()
+    yield
+    line = {"test": item.nodeid, "cpu_s": round(_cpu_seconds() - cpu, 3), "wall_s": round(time.monotonic() - wall, 3),
+            "process": os.environ.get("PYTEST_XDIST_WORKER", "main")}
+    with open(path, "a", encoding="utf-8") as log:
+        log.write(json.dumps(line) + "\n")
 
 
 def pytest_configure(config):
