@@ -8,6 +8,7 @@ even when the errors are fully correlated across collections (memoization); the 
 """
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -389,3 +390,30 @@ def test_dataset_loaders_and_their_errors(tmp_path: Path, monkeypatch: pytest.Mo
     table = ds.load_csv_table(path, ["colour", "size"])
     assert table.ks == (3, 4) and table.values.shape == (300, 2)
     assert np.allclose(ds.clip_normalize(np.array([0.5, -0.2, 1.0])), [1 / 3, 0, 2 / 3])
+
+
+def test_longitudinal_protocols_and_the_bitflip_estimators(tmp_path: Path) -> None:
+    """``--protocols`` runs a subset (only dBitFlipPM: no MSE plot when it estimates buckets) and refuses unknown
+    names; ``--bitflip-estimator realized`` reports the realized-count estimator's smaller exact variance
+    (Ding et al., NeurIPS 2017), below the expected-count one's by (h+1-d/b)/h for 1BitFlipPM."""
+    rng = np.random.default_rng(4)
+    path = tmp_path / "mine.csv"
+    path.write_text("c1,c2,c3\n" + "\n".join(",".join(f"v{x}" for x in row)
+                                             for row in rng.integers(0, 8, size=(300, 3))) + "\n")
+    variance = {}
+    for estimator in ("expected", "realized"):
+        out = tmp_path / estimator
+        _run(["experiment", "longitudinal", "--dataset", str(path), "--protocols", "1BitFlipPM", "--eps-inf", "1",
+              "--alphas", "0.5", "--reps", "1", "--workers", "1", "--bitflip-estimator", estimator,
+              "--out", str(out)])
+        (row,) = read_csv(out / "longitudinal.csv")
+        assert row["protocol"] == "1BitFlipPM"
+        variance[estimator] = row["variance_avg"]
+        assert json.loads((out / "config.json").read_text())["bitflip_estimator"] == estimator
+    h = np.exp(0.5)  # 1BitFlipPM at ε∞ = 1: p/q = e^{ε∞/2}; b = k = 8, d = 1
+    assert variance["realized"] < variance["expected"]
+    assert variance["expected"] / variance["realized"] == pytest.approx((h + 1 - 1 / 8) / h, rel=0.06)  # 1.048x: the f terms
+    for bad, says in ((["--protocols", "RAPPOR,foo"], "unknown ['foo']"),
+                      (["--bitflip-estimator", "guess"], "expected or realized")):
+        result = CliRunner().invoke(app, ["experiment", "longitudinal", "--quick", *bad, "--out", str(tmp_path / "x")])
+        assert result.exit_code == 2 and says in result.output, result.output

@@ -269,12 +269,15 @@ def plot(rows: list[dict], curves: list[dict], config: Config, out: Path) -> lis
                                      ("mse_avg_clip_norm", "MSE$_{avg}$, estimates clipped at 0 and\nrenormalized "
                                       "(the authors' metric)", "mse_avg_clip_norm.png"),
                                      ("eps_avg", "averaged loss $\\epsilon_{avg}$ (Eq. 8)", "eps_avg.png")):
-        fig, axes = plt.subplots(1, len(config.alphas), figsize=(max(4.2 * len(config.alphas), 6.4), 3.6 if len(config.alphas) > 1 else 4.4), squeeze=False,
-                                 sharey=True)
+        drawn = [label for label in config.protocols
+                 if not (metric.startswith("mse") and label in BITFLIP and config.bitflip_b != config.k)]
+        if not drawn:  # only dBitFlipPM over buckets (DB_MT's Table 2 run): no MSE plot
+            continue
+        wide = len(config.alphas) > 1
+        size = (max(4.2 * len(config.alphas), 6.4), 3.6 if wide else 4.4)
+        fig, axes = plt.subplots(1, len(config.alphas), figsize=size, squeeze=False, sharey=True)
         for ax, a in zip(axes[0], config.alphas):
-            for label in config.protocols:
-                if metric.startswith("mse") and label in BITFLIP and config.bitflip_b != config.k:
-                    continue
+            for label in drawn:
                 sel = [r for r in rows if r["protocol"] == label and r["alpha"] == a]
                 x = [r["eps_inf"] for r in sel]
                 ax.plot(x, [r[metric] for r in sel], marker=markers[label], ms=4, color=colours[label], label=label)
@@ -391,6 +394,8 @@ def register(group: typer.Typer) -> None:
                                 ] = None,
             columns: Annotated[Optional[str], typer.Option(
                 help="CSV columns to use, comma-separated (default all; one column: permuted τ times).")] = None,
+            protocols: Annotated[Optional[str], typer.Option(
+                help=f"Protocols, comma-separated (default all: {','.join(PROTOCOLS)}).")] = None,
             bitflip_estimator: Annotated[str, typer.Option(
                 help="dBitFlipPM's estimator: expected (divide by the expected nd/b users per bucket, EDBT 2023, "
                      "§2.4.4) or realized (debias the bits of the users who sampled it, Ding et al. 2017).")
@@ -414,6 +419,14 @@ def register(group: typer.Typer) -> None:
         for key, value in (("n", n), ("k", k), ("tau", tau), ("reps", reps)):
             if value is not None:
                 overrides[key] = value
+        if protocols is not None:
+            chosen = tuple(p.strip() for p in protocols.split(",") if p.strip())
+            unknown = [p for p in chosen if p not in PROTOCOLS]
+            if unknown or not chosen:
+                console.print(f"[red]error:[/red] --protocols: unknown {unknown or protocols!r}; choose from "
+                              f"{', '.join(PROTOCOLS)}")
+                raise typer.Exit(2)
+            overrides["protocols"] = chosen
         if eps_inf is not None:
             overrides["eps_inf"] = floats(eps_inf, "--eps-inf")
         if alphas is not None:
