@@ -1,4 +1,4 @@
-"""Real data sets of the papers' experiments (``ldp experiment longitudinal|allomfree --dataset NAME|PATH``).
+"""Real data sets of the papers' experiments (``ldp experiment longitudinal|allomfree|numeric --dataset NAME|PATH``).
 
 The files live in the shared data folder, never in the repository: ``../shared/data/`` next to the
 repository root (:data:`DEFAULT_DATA_DIR`), or the folder of ``--data-dir`` or of the ``LDP_DATA_DIR``
@@ -20,11 +20,16 @@ Multidimensional data (:class:`Table`, values ``users × attributes``), Arcolezi
 column of a CSV file (:func:`load_csv_table`).
 
 Values are coded ``0..k-1`` in the order of their labels (numbers in numeric order, else text order).
+
+Numeric data (:class:`NumericColumns`, values as floats, ``ldp experiment numeric``): ``adult``, Adult's ``age``
+and ``hours-per-week`` over the training file without the rows holding a "?" (30,161 rows;
+:func:`load_adult_numeric`), or the numeric columns of a CSV file (:func:`load_csv_numeric`).
 """
 from __future__ import annotations
 
 import csv
 import gzip
+import math
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -48,10 +53,13 @@ MAX_K = 4096
 MISSING = ("?", "")
 LONGITUDINAL_NAMES = ("adult", "db_mt")
 MULTIDIM_NAMES = ("adult", "nursery")
+NUMERIC_NAMES = ("adult",)
+#: the numeric experiment's Adult populations (data set name: column) over the training file only
+ADULT_NUMERIC = {"adult-age": "age", "adult-hours": "hours-per-week"}
 
 
 class DatasetError(ValueError):
-    """A data set that cannot be loaded: missing file, unknown name, column not categorical."""
+    """A data set that cannot be loaded: missing file, unknown name, column not categorical or not numeric."""
 
 
 def resolve_data_dir(data_dir: str | Path | None = None) -> Path:
@@ -70,6 +78,11 @@ def _require(path: Path, what: str, shared: bool = True) -> Path:
                "Pass --dataset with the path of an existing CSV file (absolute, or relative to the current folder).")
         raise DatasetError(f"{what} not found: looked for {path.resolve()}. {how}")
     return path
+
+
+def looks_like_path(dataset: str) -> bool:
+    """Whether ``--dataset`` names a CSV file rather than a built-in data set."""
+    return dataset.lower().endswith((".csv", ".csv.gz")) or os.sep in dataset or Path(dataset).exists()
 
 
 def _open(path: Path):
@@ -176,14 +189,15 @@ class Collections:
         return replace(self, columns=np.ascontiguousarray(columns), tau=new_tau, note=note)
 
 
-def load_adult_rows(data_dir: str | Path | None = None) -> tuple[list[str], list[list[str]], int]:
-    """Adult's header and rows (training then test file) without a missing value, and the rows read.
-    The test file's income labels lose their trailing ``.``."""
+def load_adult_rows(data_dir: str | Path | None = None,
+                    files: Sequence[str] = ADULT_FILES) -> tuple[list[str], list[list[str]], int]:
+    """Adult's header and rows (of ``files``: default the training then the test file) without a missing
+    value, and the rows read. The test file's income labels lose their trailing ``.``."""
     folder = resolve_data_dir(data_dir)
     header: list[str] = []
     rows: list[list[str]] = []
     read = 0
-    for name in ADULT_FILES:
+    for name in files:
         header, body = _read(_require(folder / name, f"UCI Adult ({name})"))
         read += len(body)
         rows.extend(r for r in body if len(r) == len(header) and not any(c in MISSING for c in r))
@@ -231,8 +245,12 @@ def _csv_columns(path: str | Path,
     if missing:
         raise DatasetError(f"{path} has no column {', '.join(map(repr, missing))}; its columns: {', '.join(header)}")
     idx = [header.index(c) for c in chosen]
-    kept = [r for r in rows if len(r) == len(header) and not any(r[i] in MISSING for i in idx)]
-    return path, header, rows, chosen, idx, kept
+    return path, header, rows, chosen, idx, _complete(header, rows, idx)
+
+
+def _complete(header: list[str], rows: list[list[str]], idx: Sequence[int]) -> list[list[str]]:
+    """The rows of full length with no missing value (empty or ``?``) in the columns ``idx``."""
+    return [r for r in rows if len(r) == len(header) and not any(r[i] in MISSING for i in idx)]
 
 
 def load_csv_collections(path: str | Path, columns: Sequence[str] = (), tau: int | None = None,
@@ -262,7 +280,7 @@ def load_collections(dataset: str, data_dir: str | Path | None = None, columns: 
         return load_adult(data_dir)
     if dataset.lower() == "db_mt":
         return load_db_mt(data_dir)
-    if dataset.lower().endswith((".csv", ".csv.gz")) or os.sep in dataset or Path(dataset).exists():
+    if looks_like_path(dataset):
         return load_csv_collections(dataset, columns, max_k=max_k)
     raise DatasetError(f"unknown data set {dataset!r}: use {', '.join(LONGITUDINAL_NAMES)} or the path of a CSV file")
 
@@ -343,9 +361,95 @@ def load_table(dataset: str, data_dir: str | Path | None = None, columns: Sequen
         return load_nursery(data_dir)
     if dataset.lower() == "adult":
         return load_adult_table(data_dir)
-    if dataset.lower().endswith((".csv", ".csv.gz")) or os.sep in dataset or Path(dataset).exists():
+    if looks_like_path(dataset):
         return load_csv_table(dataset, columns, max_k)
     raise DatasetError(f"unknown data set {dataset!r}: use {', '.join(MULTIDIM_NAMES)} or the path of a CSV file")
+
+
+# ====================================================================== numeric
+@dataclass(frozen=True)
+class NumericColumns:
+    """Numeric columns of the same ``n`` rows: ``values[column]`` (float64, ``(n,)``) in ``[lo[column],
+    hi[column]]``, the column's min and max; ``read`` rows read, ``n`` kept (no missing value in a column)."""
+
+    name: str
+    values: dict[str, np.ndarray]
+    lo: dict[str, float]
+    hi: dict[str, float]
+    read: int
+    note: str
+
+    @property
+    def n(self) -> int:
+        return int(next(iter(self.values.values())).shape[0])
+
+
+def _as_number(cell: str) -> float | None:
+    try:
+        x = float(cell)
+    except ValueError:
+        return None
+    return x if math.isfinite(x) else None
+
+
+def _is_numeric(rows: list[list[str]], i: int) -> bool:
+    """Whether every present cell of column ``i`` is a finite number (and one is present)."""
+    cells = [r[i] for r in rows if i < len(r) and r[i] not in MISSING]
+    return bool(cells) and all(_as_number(c) is not None for c in cells)
+
+
+def _numeric(name: str, path: Path, kept: list[list[str]], columns: dict[str, int], read: int,
+             what: str) -> NumericColumns:
+    """The float columns (``name: index``) of the complete rows ``kept``; a :class:`DatasetError` for a cell
+    that is not a number or for a column with fewer than two distinct values."""
+    if not kept:
+        raise DatasetError(f"{path}: no row without a missing value in {', '.join(columns)}")
+    values, lo, hi = {}, {}, {}
+    for col, i in columns.items():
+        bad = next((r[i] for r in kept if _as_number(r[i]) is None), None)
+        if bad is not None:
+            raise DatasetError(f"column {col!r} of {path} is not numeric: it holds {bad!r} (choose numeric "
+                               "columns with --columns)")
+        v = np.array([float(r[i]) for r in kept])
+        lo[col], hi[col] = float(v.min()), float(v.max())
+        if lo[col] == hi[col]:
+            raise DatasetError(f"column {col!r} of {path} is constant ({lo[col]:g}): nothing to estimate")
+        values[col] = v
+    note = (f"{what}: {read:,} rows read, {len(kept):,} without a missing value (empty or '?'); "
+            + ", ".join(f"{c} in [{lo[c]:g}, {hi[c]:g}]" for c in columns))
+    return NumericColumns(name, values, lo, hi, read, note)
+
+
+def load_adult_numeric(data_dir: str | Path | None = None) -> NumericColumns:
+    """Adult's ``age`` and ``hours-per-week`` (as ``adult-age`` and ``adult-hours``) over the rows of the
+    training file without a "?" (30,161 of 32,560), as Wang et al., ICDE 2019 use Adult's numeric columns."""
+    header, rows, read = load_adult_rows(data_dir, ADULT_FILES[:1])
+    columns = {name: header.index(col) for name, col in ADULT_NUMERIC.items()}
+    path = resolve_data_dir(data_dir) / ADULT_FILES[0]
+    return _numeric("adult", path, rows, columns, read, f"Adult ({ADULT_FILES[0]})")
+
+
+def load_csv_numeric(path: str | Path, columns: Sequence[str] = ()) -> NumericColumns:
+    """The numeric ``columns`` of a CSV file with a header line (default: every column whose present cells are
+    all numbers); rows with an empty or "?" cell in one of them are dropped. A chosen column holding text is
+    refused, naming a bad value."""
+    path, header, rows, chosen, idx, kept = _csv_columns(path, columns)
+    if not columns:
+        idx = [i for i in idx if _is_numeric(rows, i)]
+        if not idx:
+            raise DatasetError(f"{path} has no numeric column; its columns: {', '.join(header)}")
+        chosen, kept = [header[i] for i in idx], _complete(header, rows, idx)
+    return _numeric(path.stem, path, kept, dict(zip(chosen, idx)), len(rows), path.name)
+
+
+def load_numeric(dataset: str, data_dir: str | Path | None = None, columns: Sequence[str] = ()) -> NumericColumns:
+    """``adult`` (:func:`load_adult_numeric`) or the path of a CSV file (:func:`load_csv_numeric`)."""
+    if dataset.lower() == "adult":
+        return load_adult_numeric(data_dir)
+    if looks_like_path(dataset):
+        return load_csv_numeric(dataset, columns)
+    raise DatasetError(f"unknown data set {dataset!r}: use syn, {', '.join(NUMERIC_NAMES)} or the path of a CSV "
+                       "file")
 
 
 def clip_normalize(estimate: np.ndarray) -> np.ndarray:

@@ -1,14 +1,23 @@
 """``ldp experiment numeric``: the numeric mechanisms of :mod:`estimators.numeric` against the claims of their
-papers, on synthetic data and on Adult's numeric columns.
+papers, on synthetic data and on real numeric columns (Adult's, or a CSV file's: ``--dataset``).
 
+* **Data** (``--dataset``, loaded by :func:`.datasets.load_numeric`). ``adult`` (the default): the synthetic
+  populations and Adult's ``age`` and ``hours-per-week`` (``adult-age``, ``adult-hours``: UCI's training
+  file ``adult.data.gz``, rows with a missing value "?" removed, 30,161; the full run stops with exit 2
+  without the file, ``--quick`` runs the synthetic data only and says so); ``syn``: the synthetic populations
+  only (no file read); a CSV path: the synthetic populations and the file's numeric columns (``--columns``,
+  default every numeric one; rows with an empty or "?" cell dropped), each a data set named after its
+  column, range its min and max. The folder of Adult's file is ``--data-dir``, else ``$LDP_DATA_DIR``, else
+  ``../shared/data`` next to the repository (:func:`.datasets.resolve_data_dir`). Real columns longer than
+  ``n`` (30,161; quick 1,000) are sampled to ``n`` rows. ``config.json`` records ``dataset`` and the rows
+  read and kept (``data_note``).
 * **Mean (MSE against ε).** Laplace, Duchi, PM and HM (Wang, Xiao, Yang, Zhao, Hu, Cho, Shin & Xiao, ICDE
   2019; below "Wang et al.") estimate the mean of a fixed population: uniform and skewed (Beta(5, 2))
-  synthetic values, and Adult's ``age`` and ``hours-per-week`` (UCI's ``adult.data``, rows with a missing
-  value removed). Each repetition randomizes every device once (fresh noise) and estimates through the
-  server's path (``support`` then ``estimate_from_support``); the MSE of the unit-domain mean (values mapped
-  to ``[-1, 1]``, the papers' normalization) sits next to the implemented law's variance
-  (``mean_variance``) and the papers' formulas (Laplace ``8/ε²``, Duchi ``B² - x²``, PM and HM of Wang et al.,
-  §III, averaged over the data).
+  synthetic values, and the real columns. Each repetition randomizes every device once (fresh noise) and
+  estimates through the server's path (``support`` then ``estimate_from_support``); the MSE of the
+  unit-domain mean (values mapped to ``[-1, 1]``, the papers' normalization) sits next to the implemented
+  law's variance (``mean_variance``) and the papers' formulas (Laplace ``8/ε²``, Duchi ``B² - x²``, PM and
+  HM of Wang et al., §III, averaged over the data).
 * **Worst case.** The same at the two inputs where the variances peak (every device at the midpoint,
   ``x = 0``: Duchi's worst case; every device at an end, ``x = ±1``: PM's): the measured worst-case variance
   of each mechanism against Wang et al.'s claim that PM's is below Duchi's above ε ≈ 1.29 and the claim of
@@ -37,13 +46,11 @@ every file.
 """
 from __future__ import annotations
 
-import csv
-import gzip
 import math
 from collections import defaultdict
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any, Optional, Sequence
 
 import numpy as np
 import typer
@@ -54,18 +61,18 @@ from estimators.numeric.piecewise import HM, duchi_paper_variance, pm_paper_vari
 from estimators.numeric.square_wave import SW
 
 from ..terminal import print_table
+from .datasets import ADULT_FILES, ADULT_NUMERIC, DatasetError, load_numeric, resolve_data_dir
 from .runner import (OutOption, QuickOption, Run, SeedOption, WorkersOption, child_seeds, console, floats, pyplot,
                      run_tasks, save_figure)
 
 MEAN_MECHANISMS = ("Laplace", "Duchi", "PM", "HM")
 SYNTHETIC = ("uniform", "skewed")
-ADULT_COLUMNS = {"adult-age": "age", "adult-hours": "hours-per-week"}
-DATASETS = (*SYNTHETIC, *ADULT_COLUMNS)
+WORST_INPUTS = ("mid", "ends")
+#: the crossover row of the worst-case inputs (``crossover.csv``)
+WORST_CASE = "worst case"
+#: names a CSV column may not have (the experiment's own populations)
+RESERVED = (*SYNTHETIC, *WORST_INPUTS, WORST_CASE)
 W1_METHODS = ("SW+EMS", "PM+EMS", "PM debiased")
-#: UCI Adult's training file, header line added (../shared/data/README.md)
-ADULT_FILE = "adult.data.gz"
-#: the repository's sibling folder of shared data sets (never copied into the repository)
-DEFAULT_DATA_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 #: rows of adult.data without a missing value ("?"): the synthetic populations have as many devices
 ADULT_ROWS = 30_161
 #: reports randomized per call (repetitions are batched up to this many reports)
@@ -91,7 +98,10 @@ class Config:
     onebit_reps: int = 50
     collections: int = 100
     p_change: tuple[float, ...] = (0.0, 0.01, 0.1, 1.0)
-    data_dir: str = str(DEFAULT_DATA_DIR)
+    #: "adult" (the synthetic populations and Adult's two columns), "syn" (synthetic only) or a CSV path
+    dataset: str = "adult"
+    columns: tuple[str, ...] = ()  # the CSV's columns (default: every numeric one)
+    data_dir: str = ""  # "" : resolve_data_dir (LDP_DATA_DIR, else ../shared/data)
     sigmas: float = 4.0
     seed: int = 0
     workers: int | None = None
@@ -118,54 +128,50 @@ class Dataset:
     note: str
 
 
-def load_adult(data_dir: str | Path) -> tuple[dict[str, np.ndarray], int, int]:
-    """Adult's ``age`` and ``hours-per-week`` over the rows without a missing value (``?``), and the numbers
-    of rows read and kept. Raises :class:`FileNotFoundError` naming the expected path when the file is absent."""
-    path = Path(data_dir) / ADULT_FILE
-    if not path.is_file():
-        raise FileNotFoundError(f"the Adult data set is not at {path} (UCI Adult's adult.data, gzipped, header "
-                                "line added: ../shared/data/README.md); pass --data-dir DIR")
-    with gzip.open(path, "rt", newline="") as fh:
-        rows = [r for r in csv.reader(fh, skipinitialspace=True) if r]
-    header, body = rows[0], rows[1:]
-    complete = [r for r in body if "?" not in r]
-    columns = {name: np.array([float(r[header.index(col)]) for r in complete]) for name, col in ADULT_COLUMNS.items()}
-    return columns, len(body), len(complete)
-
-
 def datasets(config: Config, required: bool) -> tuple[list[Dataset], str]:
-    """The populations of the mean and Wasserstein parts, and a note on Adult. Synthetic: ``n`` values on
-    ``[0, 1]``; Adult: every complete row (quick: a random sample of ``n``), range the columns' min and max.
-    Without Adult's file: an error if ``required``, else the synthetic data sets only, and the note says so."""
+    """The populations of the mean and Wasserstein parts, and a note on the real data. Synthetic: ``n`` values on
+    ``[0, 1]``; real (``config.dataset``: Adult's ``age`` and ``hours-per-week`` or a CSV file's numeric columns,
+    :func:`.datasets.load_numeric`): every complete row, or a random sample of ``n`` when there are more, range the
+    column's min and max. Without Adult's file: an error if ``required``, else the synthetic data sets only, and
+    the note says so."""
     seeds = child_seeds(config.seed, "numeric-data", 3)
     uni = np.random.default_rng(seeds[0]).uniform(0.0, 1.0, config.n)
     skew = np.random.default_rng(seeds[1]).beta(5.0, 2.0, config.n)
     out = [Dataset("uniform", uni, 0.0, 1.0, f"U(0, 1), n = {config.n:,}"),
            Dataset("skewed", skew, 0.0, 1.0, f"Beta(5, 2) on [0, 1], n = {config.n:,}")]
+    if config.dataset == "syn":
+        return out, "synthetic data only (--dataset syn)"
+    adult = config.dataset == "adult"
     try:
-        columns, read, kept = load_adult(config.data_dir)
-    except FileNotFoundError as exc:
-        if required:
+        real = load_numeric(config.dataset, config.data_dir or None, config.columns)
+    except DatasetError as exc:
+        if required or not adult or (resolve_data_dir(config.data_dir or None) / ADULT_FILES[0]).is_file():
             raise
         return out, f"Adult skipped: {exc}"
+    clash = [c for c in real.values if c in RESERVED]
+    if clash:
+        raise DatasetError(f"{config.dataset}: column {', '.join(map(repr, clash))} has the name of one of the "
+                           f"experiment's own populations ({', '.join(RESERVED)}); rename it or pick others with "
+                           "--columns")
+    kept = real.n
     sample = None
     if config.n < kept:
         sample = np.sort(np.random.default_rng(seeds[2]).choice(kept, size=config.n, replace=False))
-    for name, col in columns.items():
+    for name, col in real.values.items():
         vals = col if sample is None else col[sample]
-        lo, hi = float(col.min()), float(col.max())
-        out.append(Dataset(name, vals, lo, hi, f"Adult {ADULT_COLUMNS[name]} in [{lo:g}, {hi:g}], "
-                                               f"n = {vals.shape[0]:,}"))
+        lo, hi = real.lo[name], real.hi[name]
+        what = f"Adult {ADULT_NUMERIC[name]}" if adult else f"{Path(config.dataset).name} {name}"
+        out.append(Dataset(name, vals, lo, hi, f"{what} in [{lo:g}, {hi:g}], n = {vals.shape[0]:,}"))
     used = f"all {kept:,}" if sample is None else f"a random {config.n:,} of the {kept:,}"
-    return out, (f"Adult: {read:,} rows read from {ADULT_FILE}, {kept:,} without a missing value ('?'); "
-                 f"{used} used")
+    return out, f"{real.note}; {used} used"
 
 
 def worst_inputs(n: int) -> list[Dataset]:
     """Every device at the midpoint (unit ``x = 0``) or at the ends (``x = ±1``, half each), on ``[0, 1]``."""
     ends = np.where(np.arange(n) % 2 == 0, 0.0, 1.0)
-    return [Dataset("mid", np.full(n, 0.5), 0.0, 1.0, "every device at x = 0"),
-            Dataset("ends", ends, 0.0, 1.0, "half the devices at x = -1, half at x = +1")]
+    mid, ends_name = WORST_INPUTS
+    return [Dataset(mid, np.full(n, 0.5), 0.0, 1.0, "every device at x = 0"),
+            Dataset(ends_name, ends, 0.0, 1.0, "half the devices at x = -1, half at x = +1")]
 
 
 # ====================================================================== analytical variances
@@ -520,9 +526,10 @@ def interpolated_crossover(xs: list[float], ratio: list[float]) -> float:
     return math.nan
 
 
-def summarize_w1(results: list[dict]) -> list[dict]:
+def summarize_w1(results: list[dict], names: Sequence[str]) -> list[dict]:
+    """One row per (data set, ε), the data sets in the order of ``names``."""
     rows = []
-    for r in sorted(results, key=lambda r: (DATASETS.index(r["dataset"]), r["eps"])):
+    for r in sorted(results, key=lambda r: (list(names).index(r["dataset"]), r["eps"])):
         row: dict[str, Any] = {"dataset": r["dataset"], "eps": r["eps"], "n": r["n"], "d": r["d"], "reps": r["reps"],
                                "w1_floor": r["w1_floor"]}
         for m in W1_METHODS:
@@ -621,7 +628,7 @@ def checks(config: Config, mean: list[dict], worst: list[dict], cross: list[dict
                      gap <= 1.0 + 1e-12, survey))
     cell = {(r["dataset"], r["mechanism"], r["eps"]): r for r in mean if r["kind"] == "data"}
     for c in cross:
-        if c["dataset"] not in DATASETS:
+        if c["dataset"] == WORST_CASE:
             continue
         for e in config.eps:
             pm, du, hm = (cell[(c["dataset"], m, e)] for m in ("PM", "Duchi", "HM"))
@@ -711,7 +718,7 @@ def plot(config: Config, mean: list[dict], worst: list[dict], cross: list[dict],
     fig.subplots_adjust(left=0.07, right=0.98, bottom=0.12, top=0.92, wspace=0.22)
     figures.append(save_figure(fig, out / "worst_case.png"))
     # ---- MSE of the mean on the data sets
-    names = [n for n in DATASETS if any(r["dataset"] == n for r in mean)]
+    names = [c["dataset"] for c in cross if c["dataset"] != WORST_CASE]  # the data sets in their order
     cols = 2
     rows_ = (len(names) + cols - 1) // cols
     fig, axes = plt.subplots(rows_, cols, figsize=(10, 3.6 * rows_), squeeze=False, sharex=True)
@@ -747,7 +754,7 @@ def plot(config: Config, mean: list[dict], worst: list[dict], cross: list[dict],
                         hspace=0.25, wspace=0.18)
     figures.append(save_figure(fig, out / "mse_vs_eps.png", dpi=96))
     # ---- Wasserstein
-    names = [n for n in DATASETS if any(r["dataset"] == n for r in w1_rows)]
+    names = list(dict.fromkeys(r["dataset"] for r in w1_rows))
     fig, axes = plt.subplots(1, len(names), figsize=(3.3 * len(names), 3.6), squeeze=False, sharey=True)
     styles = {"sw_ems": ("SW+EMS", "tab:red", "o"), "pm_ems": ("PM+EMS", "tab:orange", "^"),
               "pm_debiased": ("PM debiased", "tab:purple", "v")}
@@ -863,10 +870,11 @@ def _report_checks(rows: list[dict]) -> bool:
 # ====================================================================== run
 def run(config: Config, out: Path, require_adult: bool = True) -> tuple[dict[str, Path], bool]:
     """The whole experiment; returns the files written and whether every check holds."""
-    run_ = Run("numeric", {**asdict(config), "out": str(out)}, out)
+    data_dir = str(resolve_data_dir(config.data_dir or None)) if config.dataset == "adult" else config.data_dir
+    run_ = Run("numeric", {**asdict(config), "data_dir": data_dir, "out": str(out)}, out)
     run_.announce()
     data, note = datasets(config, required=require_adult)
-    run_.config["data"] = note  # recorded in config.json by finish()
+    run_.config["data_note"] = note  # recorded in config.json by finish()
     console.print(("[yellow]note[/]: " if note.startswith("Adult skipped") else "") + note)
     for ds in data:
         console.print(f"  {ds.name}: {ds.note}")
@@ -877,7 +885,7 @@ def run(config: Config, out: Path, require_adult: bool = True) -> tuple[dict[str
     wc = {(r["mechanism"], r["eps"]): r for r in worst}
     xs = list(config.eps)
     x_measured = interpolated_crossover(xs, [wc[("PM", e)]["mse"] / wc[("Duchi", e)]["mse"] for e in xs])
-    cross = [{"dataset": "worst case", "m2": math.nan, "eps_crossover": x_impl, "eps_crossover_paper": x_paper,
+    cross = [{"dataset": WORST_CASE, "m2": math.nan, "eps_crossover": x_impl, "eps_crossover_paper": x_paper,
               "eps_crossover_measured": x_measured}]
     data_cell = {(r["dataset"], r["mechanism"], r["eps"]): r for r in mean if r["kind"] == "data"}
     for ds in data:
@@ -885,7 +893,7 @@ def run(config: Config, out: Path, require_adult: bool = True) -> tuple[dict[str
         ratio = [data_cell[(ds.name, "PM", e)]["mse"] / data_cell[(ds.name, "Duchi", e)]["mse"] for e in xs]
         cross.append({"dataset": ds.name, "m2": data_cell[(ds.name, "PM", xs[0])]["m2"], "eps_crossover": impl,
                       "eps_crossover_paper": paper, "eps_crossover_measured": interpolated_crossover(xs, ratio)})
-    w1_rows = summarize_w1([r for r in results if "w1" in r])
+    w1_rows = summarize_w1([r for r in results if "w1" in r], [ds.name for ds in data])
     onebit, curves = summarize_onebit([r for r in results if "p_change" in r], config)
     check_rows = checks(config, mean, worst, cross, w1_rows, onebit, x_paper, x_impl)
     files = {"mean": run_.csv(mean, "mean.csv"), "worst_case": run_.csv(worst, "worst_case.csv"),
@@ -909,16 +917,29 @@ def register(group: typer.Typer) -> None:
                 help="ε grid of the mean part (default 0.25,0.5,...,5; quick 0.5,1,2,4).")] = None,
             reps: Annotated[Optional[int], typer.Option(
                 help="Repetitions per mean cell (default 1000, Laplace a tenth; quick 300).")] = None,
-            data_dir: Annotated[Path, typer.Option(
-                help="Folder of adult.data.gz (the full run needs it; --quick skips Adult without it).")
-                                ] = DEFAULT_DATA_DIR,
+            dataset: Annotated[str, typer.Option(
+                help="adult (default: the synthetic populations and Adult's age and hours-per-week), syn (the "
+                     "synthetic populations only) or a CSV file (the synthetic populations and the CSV's numeric "
+                     "columns, each a data set named after its column).")] = "adult",
+            columns: Annotated[Optional[str], typer.Option(
+                help="CSV columns to use, comma-separated (default every numeric column).")] = None,
+            data_dir: Annotated[Optional[Path], typer.Option(
+                help="Folder of adult.data.gz (default $LDP_DATA_DIR, else ../shared/data next to the repository; "
+                     "the full run with --dataset adult needs it, --quick skips Adult without it).")] = None,
             workers: WorkersOption = None,
             seed: SeedOption = 0,
     ) -> None:
-        """MSE of the mean vs ε for Laplace, Duchi, PM and HM (synthetic and Adult data, and the worst-case
-        inputs) next to the analytical variances; SW+EMS vs PM histograms in Wasserstein distance; 1BitMean's
-        loss over 100 collections with memoization vs re-randomizing. Exit 1 if a paper's ordering fails."""
-        overrides: dict[str, Any] = {"workers": workers, "seed": seed, "data_dir": str(data_dir)}
+        """MSE of the mean vs ε for Laplace, Duchi, PM and HM (synthetic data, Adult's or a CSV's numeric
+        columns, and the worst-case inputs) next to the analytical variances; SW+EMS vs PM histograms in
+        Wasserstein distance; 1BitMean's loss over 100 collections with memoization vs re-randomizing. Exit 1 if
+        a paper's ordering fails."""
+        name = dataset.lower() if dataset.lower() in ("adult", "syn") else dataset
+        chosen = tuple(c.strip() for c in (columns or "").split(",") if c.strip())
+        if chosen and name in ("adult", "syn"):
+            console.print(f"[red]error:[/red] --columns applies to a CSV file's --dataset, not to {name}")
+            raise typer.Exit(2)
+        overrides: dict[str, Any] = {"workers": workers, "seed": seed, "dataset": name, "columns": chosen,
+                                     "data_dir": str(data_dir or "")}
         if eps is not None:
             overrides["eps"] = floats(eps, "--eps")
         if reps is not None:
@@ -926,7 +947,7 @@ def register(group: typer.Typer) -> None:
         try:
             config = Config.quick(**overrides) if quick else Config(**overrides)
             _, ok = run(config, out, require_adult=not quick)
-        except (LDPError, FileNotFoundError) as exc:
+        except (LDPError, DatasetError) as exc:
             console.print(f"[red]error:[/red] {exc}")
             raise typer.Exit(2)
         if not ok:
