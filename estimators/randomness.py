@@ -88,12 +88,16 @@ def noise_key(rng: np.random.Generator | None = None) -> np.ndarray:
 
 
 # ---------------------------------------------------------------- ChaCha20 block, scalar
-@nb.njit(inline="always", cache=True)
+# The ChaCha20 core (these six functions) is NOT inlined at numba's IR level (``inline="always"``): LLVM inlines
+# or calls it as it sees fit, at the same speed, while IR inlining copied its 80 quarter-round calls into every
+# kernel and call site and cost 50 of the 130 CPU seconds of a cold compile of every kernel (docs/benchmarks.md).
+# The small per-word helpers further down stay inlined: they sit in the kernels' inner loops (SHE: 9x slower as calls).
+@nb.njit(cache=True)
 def _rotl(v, c):
     return np.uint32((np.uint32(v) << np.uint32(c)) | (np.uint32(v) >> np.uint32(32 - c)))
 
 
-@nb.njit(inline="always", cache=True)
+@nb.njit(cache=True)
 def _block(key, counter, n0, n1, n2):
     """RFC 8439 §2.3: the 16 uint32 words of block ``counter`` under ``key`` (8 uint32) and nonce
     ``(n0, n1, n2)``, as a tuple."""
@@ -136,7 +140,7 @@ def chacha20_block(key, counter, n0, n1, n2, out) -> None:
         out[j] = w[j]
 
 
-@nb.njit(inline="always", cache=True)
+@nb.njit(cache=True)
 def _block_words(key, counter, n0, n1, n2, out) -> None:
     """The block as 8 little-endian uint64 words into ``out[0:8]``."""
     w = _block(key, counter, n0, n1, n2)
@@ -145,7 +149,7 @@ def _block_words(key, counter, n0, n1, n2, out) -> None:
 
 
 # ---------------------------------------------------------------- ChaCha20, 16 blocks in SIMD lanes
-@nb.njit(inline="always", cache=True)
+@nb.njit(cache=True)
 def _qr_lanes(x, a, b, c, d) -> None:
     xa, xb, xc, xd = x[a], x[b], x[c], x[d]
     for l in range(LANES):
@@ -164,7 +168,7 @@ def _qr_lanes(x, a, b, c, d) -> None:
         xa[l], xb[l], xc[l], xd[l] = va, vb, vc, vd
 
 
-@nb.njit(inline="always", cache=True)
+@nb.njit(cache=True)
 def _blocks_lanes(state, x) -> None:
     """``x`` (16, LANES) := the ChaCha20 blocks of the 16 input states in ``state`` (lane = block)."""
     for w in range(16):
@@ -184,7 +188,7 @@ def _blocks_lanes(state, x) -> None:
             x[w, l] = np.uint32(x[w, l] + state[w, l])
 
 
-@nb.njit(inline="always", cache=True)
+@nb.njit(cache=True)
 def _lane_states(key, domain):
     """``(16, LANES)`` ChaCha20 input states, one per lane: the constants, ``key`` and the
     ``domain`` nonce word; the caller sets the counter (word 12) and ``a`` (words 14-15)."""
