@@ -19,35 +19,35 @@ import numpy as np
 __all__ = ["FAMILIES", "NUMERIC_FAMILIES", "OPEN_FAMILIES", "partition", "plan", "warm"]
 
 #: Protocols grouped by the kernels they compile, with the CPU seconds a cold compile of the group took
-#: (2026-11-26, the 2-core machine: ``docs/benchmarks.md``). A part compiles whole groups, so two parts never
+#: (2026-11-27, the 2-core machine, the ChaCha20 core no longer IR-inlined, in this order in one process, the
+#: shared ChaCha20 code in the first: ``docs/benchmarks.md``). A part compiles whole groups, so two parts never
 #: compile the same kernel at the same time; the parts are balanced on these weights (longest first). The
 #: multidimensional solutions reuse the protocols' kernels and come last, in part 0.
 FAMILIES: tuple[tuple[float, tuple[str, ...]], ...] = (
-    (31.4, ("SUE", "OUE", "L-SUE", "L-OUE", "L-OSUE", "L-SOUE", "THE")),
-    (20.9, ("SHE",)),
-    (14.7, ("dBitFlipPM", "SS")),
-    (9.9, ("HR", "FHR")),
-    (9.5, ("BLH", "OLH", "LOLOHA")),
-    (3.1, ("GRR", "L-GRR", "ADP", "L-ADP")),
+    (13.3, ("SUE", "OUE", "L-SUE", "L-OUE", "L-OSUE", "L-SOUE", "THE")),
+    (14.6, ("SHE",)),
+    (12.6, ("dBitFlipPM", "SS")),
+    (9.5, ("HR", "FHR")),
+    (4.9, ("BLH", "OLH", "LOLOHA")),
+    (3.5, ("GRR", "L-GRR", "ADP", "L-ADP")),
 )
 
 #: The numeric mechanisms (:data:`estimators.numeric.MECHANISMS`, and ``"k-of-d"``: PM's and HM's k-of-d sampling)
-#: grouped the same way, with the CPU seconds each group adds to a part after its protocols (2026-11-27: 11.4 and
-#: 14.3 s after the second part's protocols, which took 1.18x their seconds above; scaled by it). Not in
+#: grouped the same way, with the CPU seconds each group adds to a part after its protocols (measured with them). Not in
 #: :data:`FAMILIES` (the frequency protocols, each once): :func:`plan` puts each group on the part with the least
 #: weight once the protocols' groups are placed, so :func:`partition` is unchanged.
 NUMERIC_FAMILIES: tuple[tuple[float, tuple[str, ...]], ...] = (
-    (9.7, ("PM", "HM", "k-of-d", "Duchi")),
-    (12.1, ("SW", "Laplace", "1BitMean")),
+    (4.6, ("PM", "HM", "k-of-d", "Duchi")),
+    (7.1, ("SW", "Laplace", "1BitMean")),
 )
 
 #: The open-domain protocols (:data:`estimators.sketch.registry.OPEN_PROTOCOLS`) and the library's heavy hitters and
-#: RAPPOR, grouped the same way (2026-11-27: CPU seconds of a cold compile, import included), placed after the
-#: numeric mechanisms.
+#: RAPPOR, grouped the same way (CPU seconds of a cold compile after the protocols and numeric mechanisms), placed
+#: after the numeric mechanisms.
 OPEN_FAMILIES: tuple[tuple[float, tuple[str, ...]], ...] = (
-    (11.8, ("TreeHist",)),
-    (10.4, ("CMS", "HCMS")),
-    (6.5, ("PEM", "RAPPOR")),
+    (3.4, ("TreeHist",)),
+    (2.4, ("CMS", "HCMS")),
+    (2.0, ("PEM", "RAPPOR")),
 )
 
 #: The parameter sets each protocol is compiled for: a small domain (8-bit reports) and a wide one with a small
