@@ -51,6 +51,22 @@ def _square(task: tuple[int, np.random.SeedSequence]) -> float:
     return float(np.random.default_rng(task[1]).random()) + task[0]
 
 
+def _numba_threads(_: int) -> int:
+    import numba
+
+    return numba.get_num_threads()
+
+
+def test_one_worker_runs_its_tasks_on_one_numba_thread() -> None:
+    """``workers=1`` runs the tasks in this process on one numba thread (OpenMP threads spinning between small
+    parallel kernel calls tripled the CPU), and gives the process its threads back afterwards."""
+    import numba
+
+    before = numba.get_num_threads()
+    assert run_tasks(_numba_threads, [0, 1, 2], "threads", workers=1) == [1, 1, 1]
+    assert numba.get_num_threads() == before
+
+
 def test_results_do_not_depend_on_the_number_of_workers() -> None:
     from ldpstream_cli.experiments.runner import child_seeds
 

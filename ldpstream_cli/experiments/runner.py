@@ -9,6 +9,7 @@ workers or on the order in which tasks finish. Everything here is the labelled s
 """
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import math
@@ -20,7 +21,7 @@ import warnings
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Callable, Iterable, Optional, Sequence, TypeVar
+from typing import Annotated, Any, Callable, Iterable, Iterator, Optional, Sequence, TypeVar
 
 import numpy as np
 import typer
@@ -72,6 +73,21 @@ def _single_threaded_worker() -> None:
         pass
 
 
+@contextlib.contextmanager
+def _one_numba_thread() -> Iterator[None]:
+    """One numba thread in this process while it runs the tasks itself (``workers=1``): the kernels' OpenMP
+    threads otherwise spin between the many small parallel calls (``ldp experiment longitudinal --quick
+    --workers 1`` took 32 CPU s and 34 s of wall time with them, 11 and 11 without: docs/benchmarks.md)."""
+    import numba
+
+    before = numba.get_num_threads()
+    numba.set_num_threads(1)
+    try:
+        yield
+    finally:
+        numba.set_num_threads(before)
+
+
 def _call_quietly(fn: Callable[[T], R], task: T) -> R:
     """Run one task in a worker with the simulation warning silenced (the banner said it once)."""
     with warnings.catch_warnings():
@@ -90,9 +106,10 @@ def run_tasks(fn: Callable[[T], R], tasks: Sequence[T], description: str, worker
     with progress_bar(console) as bar:
         tid = bar.add_task(description, total=len(tasks))
         if workers == 1 or len(tasks) <= 1:
-            for i, task in enumerate(tasks):
-                results[i] = _call_quietly(fn, task)
-                bar.advance(tid)
+            with _one_numba_thread() if workers == 1 else contextlib.nullcontext():
+                for i, task in enumerate(tasks):
+                    results[i] = _call_quietly(fn, task)
+                    bar.advance(tid)
             return results
         # spawned, not forked: a fork of a process whose numba thread pool (OpenMP) or event-loop threads already
         # ran (a test session, a notebook) can abort in the child
