@@ -428,7 +428,8 @@ def test_longitudinal_protocols_and_the_bitflip_estimators(tmp_path: Path) -> No
         assert json.loads((out / "config.json").read_text())["bitflip_estimator"] == estimator
     h = np.exp(0.5)  # 1BitFlipPM at ε∞ = 1: p/q = e^{ε∞/2}; b = k = 8, d = 1
     assert variance["realized"] < variance["expected"]
-    assert variance["expected"] / variance["realized"] == pytest.approx((h + 1 - 1 / 8) / h, rel=0.06)  # 1.048x: the f terms
+    # the ratio of the Var* at f = 0; the f terms of the exact variances move it by 4.8% here
+    assert variance["expected"] / variance["realized"] == pytest.approx((h + 1 - 1 / 8) / h, rel=0.06)
     for bad, says in ((["--protocols", "RAPPOR,foo"], "unknown ['foo']"),
                       (["--bitflip-estimator", "guess"], "expected or realized")):
         result = CliRunner().invoke(app, ["experiment", "longitudinal", "--quick", *bad, "--out", str(tmp_path / "x")])
