@@ -29,9 +29,13 @@ def _run(args: list[str]) -> None:
 
 
 def _experiment(factory: pytest.TempPathFactory, name: str, *options: str) -> Path:
-    """Run ``ldp experiment NAME OPTIONS`` into a fresh folder; return the folder."""
+    """Run ``ldp experiment NAME OPTIONS`` into a fresh folder; return the folder. In this process
+    (``--workers 1`` unless given): the suite's test processes already use every core, and a pool's two
+    spawned interpreters cost more CPU than they save (``test_results_do_not_depend_on_the_number_of_workers``
+    covers the pool)."""
     out = factory.mktemp(name)
-    _run(["experiment", name, *options, "--out", str(out)])
+    workers = () if "--workers" in options or name == "numerical" else ("--workers", "1")  # numerical: no pool
+    _run(["experiment", name, *options, *workers, "--out", str(out)])
     return out
 
 
