@@ -52,7 +52,7 @@ class _LoggedProgress(Progress):
     def _log(self, task_id: Any) -> None:
         if self.console.is_terminal:
             return
-        task = self._tasks[task_id]
+        task = next(t for t in self.tasks if t.id == task_id)
         now = time.monotonic()
         if not task.finished and now - self._logged.get(task_id, task.start_time or now) < LOG_PROGRESS_EVERY:
             return
