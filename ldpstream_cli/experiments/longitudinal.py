@@ -403,8 +403,9 @@ def register(group: typer.Typer) -> None:
             workers: WorkersOption = None,
             seed: SeedOption = 0,
     ) -> None:
-        """Arcolezi et al., EDBT 2023, §5 on Syn: MSE_avg (Eq. 7), ε̌_avg (Eq. 8) and dBitFlipPM's change
-        detection (Table 2) for RAPPOR, L-OSUE, L-GRR, BiLOLOHA, OLOLOHA, 1BitFlipPM and bBitFlipPM."""
+        """Arcolezi et al., EDBT 2023, §5 on Syn, Adult, DB_MT or a CSV file (--dataset): MSE_avg (Eq. 7), ε̌_avg
+        (Eq. 8) and dBitFlipPM's change detection (Table 2) for RAPPOR, L-OSUE, L-GRR, BiLOLOHA, OLOLOHA, 1BitFlipPM
+        and bBitFlipPM."""
         if bitflip_estimator not in ("expected", "realized"):
             console.print("[red]error:[/red] --bitflip-estimator must be expected or realized, "
                           f"got {bitflip_estimator!r}")
