@@ -456,7 +456,7 @@ def run(config: Config, out: Path) -> dict[str, Path]:
     words, counts, tokens, source = vocabulary(config.corpus)
     data_note = (f"words: {tokens.shape[0]:,} words, {len(words):,} distinct, of {source}; zipf: Zipf("
                  f"{config.zipf_s:g}) over 2^32 items")
-    run_.config["data"] = data_note
+    run_.config["data_note"] = data_note
     run_.config["protocols_run"] = protocols
     run_.config["skipped"] = notes
     console.print(data_note)
