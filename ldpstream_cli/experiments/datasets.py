@@ -62,6 +62,10 @@ class DatasetError(ValueError):
     """A data set that cannot be loaded: missing file, unknown name, column not categorical or not numeric."""
 
 
+class DatasetNotFound(DatasetError):
+    """A data set's file is not where it was looked for (the message says where, and how to point elsewhere)."""
+
+
 def resolve_data_dir(data_dir: str | Path | None = None) -> Path:
     """The data folder: ``data_dir`` if given, else ``$LDP_DATA_DIR``, else :data:`DEFAULT_DATA_DIR`."""
     if data_dir is not None and str(data_dir) != "":
@@ -71,12 +75,12 @@ def resolve_data_dir(data_dir: str | Path | None = None) -> Path:
 
 
 def _require(path: Path, what: str, shared: bool = True) -> Path:
-    """``path`` if it is a file, else a :class:`DatasetError` saying where it looked and how to point elsewhere."""
+    """``path`` if it is a file, else a :class:`DatasetNotFound` saying where it looked and how to point elsewhere."""
     if not path.is_file():
         how = (f"Put the file there (sources: ../shared/data/README.md) or point elsewhere with --data-dir DIR or "
                f"the {DATA_DIR_ENV} environment variable." if shared else
                "Pass --dataset with the path of an existing CSV file (absolute, or relative to the current folder).")
-        raise DatasetError(f"{what} not found: looked for {path.resolve()}. {how}")
+        raise DatasetNotFound(f"{what} not found: looked for {path.resolve()}. {how}")
     return path
 
 

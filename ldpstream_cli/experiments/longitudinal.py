@@ -39,6 +39,7 @@ import numpy as np
 import typer
 
 import estimators
+from estimators.bitflip import DBitFlipPM
 from estimators.errors import LDPError
 from producers.datasets import EvolvingPopulation
 
@@ -406,9 +407,9 @@ def register(group: typer.Typer) -> None:
         """Arcolezi et al., EDBT 2023, §5 on Syn, Adult, DB_MT or a CSV file (--dataset): MSE_avg (Eq. 7), ε̌_avg
         (Eq. 8) and dBitFlipPM's change detection (Table 2) for RAPPOR, L-OSUE, L-GRR, BiLOLOHA, OLOLOHA, 1BitFlipPM
         and bBitFlipPM."""
-        if bitflip_estimator not in ("expected", "realized"):
-            console.print("[red]error:[/red] --bitflip-estimator must be expected or realized, "
-                          f"got {bitflip_estimator!r}")
+        if bitflip_estimator not in DBitFlipPM.ESTIMATORS:
+            console.print("[red]error:[/red] --bitflip-estimator must be "
+                          f"{' or '.join(DBitFlipPM.ESTIMATORS)}, got {bitflip_estimator!r}")
             raise typer.Exit(2)
         overrides: dict[str, Any] = {"calibration": calibration, "workers": workers, "seed": seed,
                                      "bitflip_estimator": bitflip_estimator}

@@ -61,7 +61,7 @@ from estimators.numeric.piecewise import HM, duchi_paper_variance, pm_paper_vari
 from estimators.numeric.square_wave import SW
 
 from ..terminal import print_table
-from .datasets import ADULT_FILES, ADULT_NUMERIC, DatasetError, load_numeric, resolve_data_dir
+from .datasets import ADULT_NUMERIC, DatasetError, DatasetNotFound, load_numeric, resolve_data_dir
 from .runner import (OutOption, QuickOption, Run, SeedOption, WorkersOption, child_seeds, console, floats, pyplot,
                      run_tasks, save_figure)
 
@@ -144,8 +144,8 @@ def datasets(config: Config, required: bool) -> tuple[list[Dataset], str]:
     adult = config.dataset == "adult"
     try:
         real = load_numeric(config.dataset, config.data_dir or None, config.columns)
-    except DatasetError as exc:
-        if required or not adult or (resolve_data_dir(config.data_dir or None) / ADULT_FILES[0]).is_file():
+    except DatasetNotFound as exc:
+        if required or not adult:
             raise
         return out, f"Adult skipped: {exc}"
     clash = [c for c in real.values if c in RESERVED]
