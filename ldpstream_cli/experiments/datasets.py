@@ -410,11 +410,12 @@ def _numeric(name: str, path: Path, kept: list[list[str]], columns: dict[str, in
         raise DatasetError(f"{path}: no row without a missing value in {', '.join(columns)}")
     values, lo, hi = {}, {}, {}
     for col, i in columns.items():
-        bad = next((r[i] for r in kept if _as_number(r[i]) is None), None)
+        parsed = [_as_number(r[i]) for r in kept]
+        bad = next((r[i] for r, x in zip(kept, parsed) if x is None), None)
         if bad is not None:
             raise DatasetError(f"column {col!r} of {path} is not numeric: it holds {bad!r} (choose numeric "
                                "columns with --columns)")
-        v = np.array([float(r[i]) for r in kept])
+        v = np.array(parsed, dtype=np.float64)
         lo[col], hi[col] = float(v.min()), float(v.max())
         if lo[col] == hi[col]:
             raise DatasetError(f"column {col!r} of {path} is constant ({lo[col]:g}): nothing to estimate")
