@@ -47,7 +47,7 @@ from producers.datasets import EvolvingPopulation
 from ..terminal import print_table
 from .datasets import DatasetError, Table, clip_normalize, load_table
 from .runner import (OutOption, QuickOption, Run, SeedOption, WorkersOption, child_seeds, console, floats, mean_sd,
-                     pyplot, run_tasks, save_figure)
+                     pyplot, run_tasks, save_figure, split_names)
 
 #: label -> (solution, parameters besides ks and the budget)
 SOLUTIONS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -353,7 +353,7 @@ def register(group: typer.Typer) -> None:
             if distributions is None:
                 overrides["distributions"] = tuple(("zipf", "uniform")[i % 2] for i in range(len(overrides["ks"])))
         if distributions is not None:
-            overrides["distributions"] = tuple(x.strip() for x in distributions.split(",") if x.strip())
+            overrides["distributions"] = split_names(distributions)
         if eps_inf is not None:
             overrides["eps_inf"] = floats(eps_inf, "--eps-inf")
         if alphas is not None:

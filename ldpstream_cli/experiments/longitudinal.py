@@ -46,7 +46,7 @@ from producers.datasets import EvolvingPopulation
 from ..terminal import print_table
 from .datasets import Collections, DatasetError, clip_normalize, load_collections
 from .runner import (OutOption, QuickOption, Run, SeedOption, WorkersOption, child_seeds, console, floats, mean_sd,
-                     pyplot, run_tasks, save_figure)
+                     pyplot, run_tasks, save_figure, split_names)
 
 #: (label, registry name, extra parameters); dBitFlipPM's ``b`` is set to ``k`` when built
 PROTOCOLS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -415,14 +415,14 @@ def register(group: typer.Typer) -> None:
                                      "bitflip_estimator": bitflip_estimator}
         if dataset.lower() != "syn":
             overrides.update(dataset=dataset, data_dir=str(data_dir or ""), n=0, tau=0,
-                             columns=tuple(c.strip() for c in (columns or "").split(",") if c.strip()))
+                             columns=split_names(columns))
             if quick:
                 del overrides["n"], overrides["tau"]
         for key, value in (("n", n), ("k", k), ("tau", tau), ("reps", reps)):
             if value is not None:
                 overrides[key] = value
         if protocols is not None:
-            chosen = tuple(p.strip() for p in protocols.split(",") if p.strip())
+            chosen = split_names(protocols)
             unknown = [p for p in chosen if p not in PROTOCOLS]
             if unknown or not chosen:
                 console.print(f"[red]error:[/red] --protocols: unknown {unknown or protocols!r}; choose from "

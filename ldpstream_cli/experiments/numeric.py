@@ -63,7 +63,7 @@ from estimators.numeric.square_wave import SW
 from ..terminal import print_table
 from .datasets import ADULT_NUMERIC, DatasetError, DatasetNotFound, load_numeric, resolve_data_dir
 from .runner import (OutOption, QuickOption, Run, SeedOption, WorkersOption, child_seeds, console, floats, pyplot,
-                     run_tasks, save_figure)
+                     run_tasks, save_figure, split_names)
 
 MEAN_MECHANISMS = ("Laplace", "Duchi", "PM", "HM")
 SYNTHETIC = ("uniform", "skewed")
@@ -934,7 +934,7 @@ def register(group: typer.Typer) -> None:
         Wasserstein distance; 1BitMean's loss over 100 collections with memoization vs re-randomizing. Exit 1 if
         a paper's ordering fails."""
         name = dataset.lower() if dataset.lower() in ("adult", "syn") else dataset
-        chosen = tuple(c.strip() for c in (columns or "").split(",") if c.strip())
+        chosen = split_names(columns)
         if chosen and name in ("adult", "syn"):
             console.print(f"[red]error:[/red] --columns applies to a CSV file's --dataset, not to {name}")
             raise typer.Exit(2)

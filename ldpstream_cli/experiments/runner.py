@@ -226,6 +226,11 @@ def mean_sd(values: Sequence[float]) -> tuple[float, float]:
     return float(a.mean()), float(a.std(ddof=1)) if a.size > 1 else 0.0
 
 
+def split_names(text: str | None) -> tuple[str, ...]:
+    """A comma-separated list of names, each stripped, empty ones dropped (CLI option parsing; ``None``: none)."""
+    return tuple(x.strip() for x in (text or "").split(",") if x.strip())
+
+
 def floats(text: str, what: str) -> tuple[float, ...]:
     """A comma-separated list of numbers (CLI option parsing)."""
     try:
