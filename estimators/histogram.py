@@ -183,7 +183,7 @@ class SHE(SingleShot):
         return float(2 * self.s) / float(1 << SHE_T_BITS)
 
     # ---------------------------------------------------------------- device side
-    def randomize(self, values, rng, state=None):
+    def randomize(self, values, rng=None, state=None):
         v = self.check_values(values)
         self._state_for(state, v.shape[0])
         out = np.empty((v.shape[0], self.k), dtype=self.report_dtype)

@@ -326,3 +326,17 @@ def test_round_solver_matches_scipy_brentq(eps_inf, eps_1):
     ref = brentq(lambda p: eps_of(p) - eps_1, 0.5, 1.0 - 1e-15, xtol=1e-15, rtol=4 * np.finfo(float).eps)
     assert ours == pytest.approx(ref, abs=2e-15)
     assert eps_of(ours) == pytest.approx(eps_1, rel=1e-12)
+
+
+def test_every_protocol_randomizes_with_the_csprng_by_default() -> None:
+    """The protocol contract (``FrequencyProtocol.randomize``): ``rng`` defaults to None, the CSPRNG path, for every
+    registered protocol (SHE required it: ``ldp bench protocols`` failed on it)."""
+    import inspect
+
+    from estimators.registry import _protocol_class
+
+    for name in estimators.PROTOCOLS:
+        rng = inspect.signature(_protocol_class(name).randomize).parameters["rng"]
+        assert rng.default is None, f"{name}.randomize: rng has no default None"
+    she = estimators.make("SHE", k=4, eps=1.0)
+    assert she.randomize(np.arange(8) % 4).shape == (8, 4)
